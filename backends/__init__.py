@@ -1,0 +1,1 @@
+"""Backend plugins. Each subpackage is one hardware family; no backend imports another."""

@@ -1,0 +1,1 @@
+"""deepjit: runtime compilation, content-hash build cache and loading (standalone)."""

@@ -1,0 +1,1 @@
+"""Per-chip byte formats as pure encode/decode pairs on torch tensors (imports torch only)."""
