@@ -1,0 +1,389 @@
+"""Block-scale formats for FP8 (and FP4) GEMM operands: NVIDIA SM90, NVIDIA SM100, Ascend 950 (MX).
+
+Every encoder takes the logical plain form — fp32 `[(G,) MN, num_k_blocks]`, row-major, one scale
+per (row, K-block) or per (128-row block, K-block) — and returns the chip's native tensor; every
+decoder returns that plain form again, bit for bit. Rule: nothing here changes a number. A format
+that cannot carry a scale exactly (UE8M0 and a non power of two, a coarser granularity over unequal
+scales) raises LayoutConversionError instead.
+
+Worked example used throughout (FORMATS.md): activations with M = 3, K = 512, so four fp32 scales
+per row s[m][kb] (kb = 0..3) with exponent bytes e[m][kb]::
+
+    SM90   fp32, 64 bytes (4 floats per K-block column: 3 rows + 1 pad)
+           s00 s10 s20 pad | s01 s11 s21 pad | s02 s12 s22 pad | s03 s13 s23 pad
+    SM100  int32, 16 bytes (one word per row, bytes little-endian)
+           e00 e01 e02 e03 | e10 e11 e12 e13 | e20 e21 e22 e23 | pad pad pad pad
+    Ascend int16, 48 bytes (16 blocks of 32 per row, 8 words per row, no pad)
+           byte 2*(3p + m) + j = e32[m][2p + j] = e[m][(2p + j) // 4]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._util import align, as_int_bits, ceil_div, require_dtype, require_ndim, require_positive_int
+from .constants import (
+    ASCEND_BLOCKS_PER_WORD,
+    FP8_BLOCK_MN,
+    FP8_E4M3_MAX,
+    SCALE_AMAX_FLOOR,
+    SM100_BLOCKS_PER_WORD,
+    TMA_ALIGN_BYTES,
+)
+from .errors import LayoutConversionError
+from .ue8m0 import ceil_to_ue8m0, ue8m0_exponents, ue8m0_to_fp32
+
+__all__ = [
+    "fp8_scale_from_amax",
+    "tma_aligned_mn",
+    "sm90_sfa_encode",
+    "sm90_sfa_decode",
+    "is_sm90_sfa_layout",
+    "sm90_sfb_encode",
+    "sm90_sfb_decode",
+    "broadcast_block_scales_to_rows",
+    "sm100_ue8m0_encode",
+    "sm100_ue8m0_decode",
+    "is_sm100_ue8m0_layout",
+    "regranularize_k",
+    "ascend_mx_encode",
+    "ascend_mx_decode",
+    "ascend_mx_byte_view",
+    "is_ascend_mx_layout",
+    "ascend_mx_kmajor_encode",
+    "ascend_mx_kmajor_decode",
+]
+
+_SCALES_DOC = "fp32 [MN, num_k_blocks] or [G, MN, num_k_blocks]"
+_FP32_FIX = "scales are fp32 (convert bf16/fp16 scales with .float(), which is exact)"
+
+
+def fp8_scale_from_amax(amax: torch.Tensor, use_ue8m0: bool = False) -> torch.Tensor:
+    """Per-block FP8 scale from the block's max |x|: `sf = max(amax, 1e-4) / 448`, data is `q = x / sf`.
+
+    With `use_ue8m0=True` the scale is then rounded up to a power of two (`ceil_to_ue8m0`), which
+    the SM100 and Ascend MX layouts require; rounding up keeps |x / sf| <= 448. Examples:
+    amax 448 -> 1.0; amax 0 -> 1e-4 / 448 (UE8M0: 2^-22); amax 500 -> 1.116 (UE8M0: 2.0).
+    """
+    require_dtype("amax", amax, (torch.float32,), "compute amax in fp32")
+    sf = amax.clamp_min(SCALE_AMAX_FLOOR) / FP8_E4M3_MAX
+    return ceil_to_ue8m0(sf) if use_ue8m0 else sf
+
+
+def tma_aligned_mn(mn: int, element_size: int = 4) -> int:
+    """MN rounded up so one MN-major column is a multiple of 16 bytes: align(MN, 4) for 4-byte elements."""
+    return align(mn, TMA_ALIGN_BYTES // element_size)
+
+
+def _as_grouped(name: str, sf: torch.Tensor, dtypes: tuple[torch.dtype, ...], fix: str) -> tuple[torch.Tensor, bool]:
+    """Return (sf as [G, MN, KB], whether the caller passed a group dim)."""
+    require_dtype(name, sf, dtypes, fix)
+    require_ndim(name, sf, (2, 3), _SCALES_DOC)
+    grouped = sf.dim() == 3
+    return (sf if grouped else sf.unsqueeze(0)), grouped
+
+
+def _mn_major_words(
+    e: torch.Tensor, per_word: int, word_dtype: torch.dtype, mn_stride: int
+) -> torch.Tensor:
+    """Pack uint8 exponents e [G, MN, KB] into words [G, MN, ceil(KB/per_word)], MN-major.
+
+    Word (p, m) of group g holds e[g, m, per_word*p + j] in byte j (little-endian) and lives at
+    element g*mn_stride*P + p*mn_stride + m. Pad rows (m >= MN) and missing trailing blocks are 0.
+    """
+    g, mn, kb = e.shape
+    words = ceil_div(kb, per_word)
+    storage = torch.empty((g, words, mn_stride, per_word), dtype=torch.uint8, device=e.device)
+    storage[:, :, mn:, :].zero_()
+    full, rest = divmod(kb, per_word)
+    e = e.contiguous()
+    if full:
+        storage[:, :full, :mn, :].copy_(e[:, :, : full * per_word].view(g, mn, full, per_word).transpose(1, 2))
+    if rest:
+        storage[:, full, :mn, :rest].copy_(e[:, :, full * per_word :])
+        storage[:, full, :mn, rest:].zero_()
+    packed = storage.view(word_dtype).squeeze(-1)  # [G, words, mn_stride]
+    return packed[:, :, :mn].transpose(1, 2)
+
+
+def _mn_major_exponents(
+    name: str, packed: torch.Tensor, word_dtype: torch.dtype, per_word: int, num_k_blocks: int
+) -> torch.Tensor:
+    """Inverse of `_mn_major_words`: fp32 scales [(G,) MN, num_k_blocks] from packed words of any strides."""
+    p, grouped = _as_grouped(name, packed, (word_dtype,), f"pass the {word_dtype} tensor returned by the encoder")
+    if isinstance(num_k_blocks, bool) or not isinstance(num_k_blocks, int) or num_k_blocks < 0:
+        raise LayoutConversionError(f"num_k_blocks must be an int >= 0, got {num_k_blocks!r}")
+    g, mn, words = p.shape
+    if words != ceil_div(num_k_blocks, per_word):
+        raise LayoutConversionError(
+            f"{name} has {words} words per row but num_k_blocks={num_k_blocks} needs "
+            f"ceil({num_k_blocks}/{per_word}) = {ceil_div(num_k_blocks, per_word)}; pass the K-block count used to encode"
+        )
+    byte_rows = p.transpose(1, 2).contiguous().view(torch.uint8).view(g, words, mn, per_word)
+    e = byte_rows.permute(0, 2, 1, 3).reshape(g, mn, words * per_word)
+    if bool(e[:, :, num_k_blocks:].any()):
+        raise LayoutConversionError(
+            f"{name} holds non-zero exponents beyond num_k_blocks={num_k_blocks}; pass the K-block count used to encode"
+        )
+    sf = ue8m0_to_fp32(e[:, :, :num_k_blocks].contiguous())
+    return sf if grouped else sf[0]
+
+
+def _has_strides(t: torch.Tensor, expected: tuple[int, ...]) -> bool:
+    """Strides match where they matter (dims of size 1 may carry any stride)."""
+    return all(size == 1 or stride == want for size, stride, want in zip(t.shape, t.stride(), expected))
+
+
+# ---------------------------------------------------------------------------------------------
+# NVIDIA SM90 (Hopper)
+# ---------------------------------------------------------------------------------------------
+
+
+def sm90_sfa_encode(sf: torch.Tensor) -> torch.Tensor:
+    """SM90 activation scales (SFA): fp32, MN-major, TMA-aligned.
+
+    Input fp32 `[(G,) MN, sf_k]` (sf_k = ceil(K/128)). Output has the same logical shape and values,
+    stored with strides (1, tma_mn), tma_mn = align(MN, 4) (16 bytes of 4-byte floats), so scale
+    (m, kb) sits at float `kb*tma_mn + m`; grouped: stride(-3) = tma_mn*sf_k. Pad slots (rows MN..tma_mn)
+    are written as 0 (the hardware ignores them; zero keeps the bytes deterministic).
+
+    Worked example M = 3, K = 512 (sf_k = 4, tma_mn = 4), storage of 64 bytes, one cell = 4 bytes::
+
+        float  0    1    2    3  | 4    5    6    7  | 8    9    10   11 | 12   13   14   15
+               s00  s10  s20  0  | s01  s11  s21  0  | s02  s12  s22  0  | s03  s13  s23  0
+    """
+    s, grouped = _as_grouped("sf", sf, (torch.float32,), _FP32_FIX)
+    g, mn, kb = s.shape
+    tma_mn = tma_aligned_mn(mn)
+    storage = torch.empty((g, kb, tma_mn), dtype=torch.float32, device=s.device)
+    storage[:, :, mn:].zero_()
+    storage[:, :, :mn].copy_(s.transpose(1, 2))
+    out = storage[:, :, :mn].transpose(1, 2)
+    return out if grouped else out[0]
+
+
+def sm90_sfa_decode(t: torch.Tensor) -> torch.Tensor:
+    """Plain contiguous fp32 `[(G,) MN, sf_k]` (a fresh tensor) from SM90 SFA of any strides."""
+    require_dtype("t", t, (torch.float32,), "pass the fp32 tensor returned by sm90_sfa_encode")
+    require_ndim("t", t, (2, 3), _SCALES_DOC)
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def is_sm90_sfa_layout(t: torch.Tensor) -> bool:
+    """True when `t` is fp32 `[(G,) MN, sf_k]` with strides (tma_mn*sf_k,) 1, tma_mn — what SM90 kernels read."""
+    if t.dtype != torch.float32 or t.dim() not in (2, 3):
+        return False
+    mn, kb = t.shape[-2:]
+    tma_mn = tma_aligned_mn(mn)
+    return _has_strides(t, ((tma_mn * kb,) if t.dim() == 3 else ()) + (1, tma_mn))
+
+
+def sm90_sfb_encode(sf: torch.Tensor) -> torch.Tensor:
+    """SM90 weight scales (SFB, 128x128 blocks): fp32 `[(G,) ceil(N/128), ceil(K/128)]` contiguous, as is.
+
+    K-major (row-major) with no padding; returns a fresh contiguous copy. Example N = 256, K = 384:
+    6 floats `b00 b01 b02 | b10 b11 b12` (row = 128-row block of N, column = 128-block of K).
+    """
+    require_dtype("sf", sf, (torch.float32,), _FP32_FIX)
+    require_ndim("sf", sf, (2, 3), "fp32 [ceil(N/128), ceil(K/128)] or [G, ceil(N/128), ceil(K/128)]")
+    return torch.empty(sf.shape, dtype=sf.dtype, device=sf.device).copy_(sf)
+
+
+def sm90_sfb_decode(t: torch.Tensor) -> torch.Tensor:
+    """Plain contiguous fp32 copy of SM90 SFB (the format is the plain form)."""
+    return sm90_sfb_encode(t)
+
+
+def broadcast_block_scales_to_rows(sf: torch.Tensor, mn: int, block_mn: int = FP8_BLOCK_MN) -> torch.Tensor:
+    """Per-row scales from per-(block_mn x K-block) scales: `[(G,) ceil(MN/block), kb] -> [(G,) MN, kb]`.
+
+    Row n takes block n // block_mn (SM100 and Ascend carry one scale per row). Exact for any dtype.
+    Example MN = 130, block 128: rows 0..127 take block row 0, rows 128 and 129 take block row 1.
+    """
+    require_positive_int("block_mn", block_mn)
+    if isinstance(mn, bool) or not isinstance(mn, int) or mn < 0:
+        raise LayoutConversionError(f"mn must be an int >= 0, got {mn!r}")
+    require_ndim("sf", sf, (2, 3), "[ceil(MN/block), num_k_blocks] or [G, ceil(MN/block), num_k_blocks]")
+    if sf.shape[-2] != ceil_div(mn, block_mn):
+        raise LayoutConversionError(
+            f"sf has {sf.shape[-2]} block rows but mn={mn} with block_mn={block_mn} needs {ceil_div(mn, block_mn)}"
+        )
+    rows = torch.arange(mn, device=sf.device) // block_mn
+    return sf.index_select(-2, rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# NVIDIA SM100 (Blackwell)
+# ---------------------------------------------------------------------------------------------
+
+
+def sm100_ue8m0_encode(sf: torch.Tensor) -> torch.Tensor:
+    """SM100 scales: UE8M0 exponents packed four K-blocks per int32, MN-major, TMA-aligned.
+
+    Input per-row power-of-two fp32 `[(G,) MN, sf_k]` (broadcast 128x128 weight scales first with
+    `broadcast_block_scales_to_rows`). Output int32 logical `[(G,) MN, ceil(sf_k/4)]` with strides
+    (1, align(MN, 4)); grouped stride(-3) = align(MN, 4)*ceil(sf_k/4). Word (m, p) is
+    `e[4p] | e[4p+1] << 8 | e[4p+2] << 16 | e[4p+3] << 24` (little-endian bytes); missing trailing
+    blocks and pad rows are 0. Raises LayoutConversionError unless every scale is a power of two.
+
+    Worked example M = 3, K = 512 (four exponents per row -> one word per row), 16 bytes::
+
+        byte  0    1    2    3  | 4    5    6    7  | 8    9    10   11 | 12 13 14 15
+              e00  e01  e02  e03| e10  e11  e12  e13| e20  e21  e22  e23| 0  0  0  0
+              word m=0          | word m=1          | word m=2          | pad row
+    """
+    s, grouped = _as_grouped("sf", sf, (torch.float32,), _FP32_FIX)
+    out = _mn_major_words(ue8m0_exponents(s), SM100_BLOCKS_PER_WORD, torch.int32, tma_aligned_mn(s.shape[1]))
+    return out if grouped else out[0]
+
+
+def sm100_ue8m0_decode(packed: torch.Tensor, num_k_blocks: int) -> torch.Tensor:
+    """fp32 `[(G,) MN, num_k_blocks]` from SM100 packed int32 `[(G,) MN, ceil(num_k_blocks/4)]` (any strides).
+
+    Raises LayoutConversionError if the word count does not match num_k_blocks or a byte past
+    num_k_blocks is non-zero (a sign that num_k_blocks is wrong).
+    """
+    return _mn_major_exponents("packed", packed, torch.int32, SM100_BLOCKS_PER_WORD, num_k_blocks)
+
+
+def is_sm100_ue8m0_layout(t: torch.Tensor) -> bool:
+    """True when `t` is int32 `[(G,) MN, W]` with strides (align(MN,4)*W,) 1, align(MN, 4)."""
+    if t.dtype != torch.int32 or t.dim() not in (2, 3):
+        return False
+    mn, words = t.shape[-2:]
+    tma_mn = tma_aligned_mn(mn)
+    return _has_strides(t, ((tma_mn * words,) if t.dim() == 3 else ()) + (1, tma_mn))
+
+
+def regranularize_k(sf: torch.Tensor, k: int, from_gran: int, to_gran: int) -> torch.Tensor:
+    """Change the K granularity of per-row scales `[(G,) MN, ceil(K/from_gran)] -> [(G,) MN, ceil(K/to_gran)]`.
+
+    - Finer (to_gran divides from_gran), always exact: block j of the result takes block
+      `j*to_gran // from_gran`. 128 -> 32 on K = 512: e32[m][j] = e128[m][j // 4], 16 blocks.
+      With K = 200: ceil(200/128) = 2 blocks -> ceil(200/32) = 7 blocks [b0 b0 b0 b0 b1 b1 b1].
+    - Coarser (from_gran divides to_gran): only if the merged blocks are bit-identical (a trailing
+      partial group merges the blocks it has); otherwise LayoutConversionError, since picking one
+      scale for unequal blocks would change the numbers.
+    - Neither divides the other: LayoutConversionError.
+
+    Works on any dtype (fp32 scales or uint8 exponents).
+    """
+    for name, v in (("k", k), ("from_gran", from_gran), ("to_gran", to_gran)):
+        require_positive_int(name, v)
+    require_ndim("sf", sf, (2, 3), "[MN, ceil(K/from_gran)] or [G, MN, ceil(K/from_gran)]")
+    n_in, n_out = ceil_div(k, from_gran), ceil_div(k, to_gran)
+    if sf.shape[-1] != n_in:
+        raise LayoutConversionError(
+            f"sf has {sf.shape[-1]} K-blocks but k={k} with granularity {from_gran} needs ceil({k}/{from_gran}) = {n_in}"
+        )
+    if from_gran % to_gran == 0:
+        src = torch.arange(n_out, device=sf.device) * to_gran // from_gran
+        return sf.index_select(-1, src)
+    if to_gran % from_gran == 0:
+        ratio = to_gran // from_gran
+        leader = torch.arange(n_in, device=sf.device) // ratio * ratio
+        bits = as_int_bits(sf) if sf.is_floating_point() else sf
+        if not bool((bits == bits.index_select(-1, leader)).all()):
+            raise LayoutConversionError(
+                f"cannot coarsen scales from K granularity {from_gran} to {to_gran}: the {ratio} blocks merged "
+                f"into one differ; requantize the data at granularity {to_gran} instead"
+            )
+        return sf.index_select(-1, torch.arange(n_out, device=sf.device) * ratio)
+    raise LayoutConversionError(
+        f"K granularity {from_gran} -> {to_gran}: one must divide the other; requantize at granularity {to_gran}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Ascend 950 (MX)
+# ---------------------------------------------------------------------------------------------
+
+
+def ascend_mx_encode(sf32: torch.Tensor) -> torch.Tensor:
+    """Ascend MX scales: UE8M0 exponents two K-blocks per int16, MN-major, no padding.
+
+    Input per-(1, 32) power-of-two fp32 `[(G,) MN, ceil(K/32)]` (from (1,128) scales use
+    `regranularize_k(sf, K, 128, 32)`, exact: e32[m][k] = e128[m][k // 4]; weights are broadcast
+    along N first). Output int16 logical `[(G,) MN, ceil(K/64)]`, stride(-2) = 1, stride(-1) = MN,
+    grouped stride(-3) = MN*ceil(K/64): word (m, p) lives at element p*MN + m and is
+    `e[2p] | e[2p+1] << 8` (even block in the low byte); an odd trailing block pairs with 0.
+    Raises LayoutConversionError unless every scale is a power of two.
+
+    As bytes this is `[ceil(K/64), MN, 2]` float8_e8m0fnu (`ascend_mx_byte_view`), what CANN's MX
+    quant matmul takes for an MN-major operand.
+
+    Worked example M = 3, K = 512 (16 blocks of 32 per row, 8 words per row), 48 bytes; byte
+    `2*(3p + m) + j` holds e32[m][2p + j] = e[m][(2p + j) // 4]::
+
+        byte   0   1   2   3   4   5 | 6   7   8   9   10  11 | 12  13  14  15  16  17 | ...
+        word   (p0,m0) (p0,m1) (p0,m2) | (p1,m0) (p1,m1) (p1,m2) | (p2,m0) (p2,m1) (p2,m2) |
+               e00 e00 e10 e10 e20 e20 | e00 e00 e10 e10 e20 e20 | e01 e01 e11 e11 e21 e21 |
+        p = 3: e01.., p = 4, 5: e02 .., p = 6, 7: e03 ..
+    """
+    s, grouped = _as_grouped("sf32", sf32, (torch.float32,), _FP32_FIX)
+    out = _mn_major_words(ue8m0_exponents(s), ASCEND_BLOCKS_PER_WORD, torch.int16, s.shape[1])
+    return out if grouped else out[0]
+
+
+def ascend_mx_decode(packed: torch.Tensor, num_k_blocks: int) -> torch.Tensor:
+    """fp32 `[(G,) MN, num_k_blocks]` (blocks of 32) from Ascend packed int16 `[(G,) MN, ceil(num_k_blocks/2)]`."""
+    return _mn_major_exponents("packed", packed, torch.int16, ASCEND_BLOCKS_PER_WORD, num_k_blocks)
+
+
+def is_ascend_mx_layout(t: torch.Tensor) -> bool:
+    """True when `t` is int16 `[(G,) MN, W]` with strides (MN*W,) 1, MN (no padding)."""
+    if t.dtype != torch.int16 or t.dim() not in (2, 3):
+        return False
+    mn, words = t.shape[-2:]
+    return _has_strides(t, ((mn * words,) if t.dim() == 3 else ()) + (1, mn))
+
+
+def ascend_mx_byte_view(packed: torch.Tensor) -> torch.Tensor:
+    """The same storage as float8_e8m0fnu `[(G,) ceil(K/64), MN, 2]` — a view, no copy.
+
+    Element [p, m, j] is the exponent of K-block 2p + j of row m: the tensor CANN's MX quant matmul
+    takes for an MN-major operand. `packed` must have the `ascend_mx_encode` strides.
+    """
+    require_dtype("packed", packed, (torch.int16,), "pass the int16 tensor returned by ascend_mx_encode")
+    require_ndim("packed", packed, (2, 3), "int16 [MN, ceil(K/64)] or [G, MN, ceil(K/64)]")
+    if not is_ascend_mx_layout(packed):
+        raise LayoutConversionError(
+            f"packed has strides {packed.stride()} for shape {tuple(packed.shape)}, not the Ascend MX layout "
+            "(stride(-2) = 1, stride(-1) = MN); pass the tensor returned by ascend_mx_encode"
+        )
+    words_mn = packed.transpose(-1, -2)  # [(G,) P, MN], contiguous
+    as_bytes = words_mn.view(torch.uint8)  # [(G,) P, 2*MN]
+    return as_bytes.view(*words_mn.shape, ASCEND_BLOCKS_PER_WORD).view(torch.float8_e8m0fnu)
+
+
+def ascend_mx_kmajor_encode(sf32: torch.Tensor) -> torch.Tensor:
+    """Ascend MX scales for a K-major operand: float8_e8m0fnu `[(G,) MN, ceil(K/64), 2]`, contiguous.
+
+    Byte [m, p, j] is the exponent of K-block 2p + j of row m; an odd trailing block pairs with 0.
+    For M = 3, K = 512 (scales e[m][kb] per 128): row m is the 16 bytes e_m0 x4, e_m1 x4, e_m2 x4, e_m3 x4.
+    """
+    s, grouped = _as_grouped("sf32", sf32, (torch.float32,), _FP32_FIX)
+    e = ue8m0_exponents(s)
+    g, mn, kb = e.shape
+    words = ceil_div(kb, ASCEND_BLOCKS_PER_WORD)
+    out = torch.empty((g, mn, words * ASCEND_BLOCKS_PER_WORD), dtype=torch.uint8, device=e.device)
+    out[:, :, :kb].copy_(e)
+    out[:, :, kb:].zero_()
+    out = out.view(g, mn, words, ASCEND_BLOCKS_PER_WORD).view(torch.float8_e8m0fnu)
+    return out if grouped else out[0]
+
+
+def ascend_mx_kmajor_decode(t: torch.Tensor, num_k_blocks: int) -> torch.Tensor:
+    """fp32 `[(G,) MN, num_k_blocks]` from `ascend_mx_kmajor_encode`'s `[(G,) MN, ceil(K/64), 2]` e8m0 bytes."""
+    require_dtype("t", t, (torch.float8_e8m0fnu,), "pass the tensor returned by ascend_mx_kmajor_encode")
+    require_ndim("t", t, (3, 4), "float8_e8m0fnu [MN, ceil(K/64), 2] or [G, MN, ceil(K/64), 2]")
+    if t.shape[-1] != ASCEND_BLOCKS_PER_WORD or t.shape[-2] != ceil_div(num_k_blocks, ASCEND_BLOCKS_PER_WORD):
+        raise LayoutConversionError(
+            f"t has shape {tuple(t.shape)} but num_k_blocks={num_k_blocks} needs [..., {ceil_div(num_k_blocks, 2)}, 2]"
+        )
+    e = t.contiguous().view(torch.uint8).flatten(-2)
+    if bool(e[..., num_k_blocks:].any()):
+        raise LayoutConversionError(
+            f"t holds non-zero exponents beyond num_k_blocks={num_k_blocks}; pass the K-block count used to encode"
+        )
+    return ue8m0_to_fp32(e[..., :num_k_blocks].contiguous())
