@@ -1,0 +1,202 @@
+"""Contract machinery: how an op family declares its arguments, reference math and tolerance,
+and how a public op binds its operands to a backend and runs the selected provider.
+
+Flow (no step reaches back): public op -> quant_operand (logical view) -> op's validation ->
+bind (backend selection + implicit conversion, counted) -> BoundCall.run -> provider.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+import attrs
+import torch
+
+from .conversions import note_implicit_conversion
+from .errors import ContractError, LayoutError, format_problem
+from .layout import encode_for
+from .layouts.ue8m0 import is_power_of_two
+from .registry import Selection, registry, select_backend
+from .tensors import FP8_DTYPE, PreparedTensor, QuantTensor, cdiv, describe
+
+Role = Literal["lhs", "rhs"]
+
+#: candidate block sizes tried, after the argument's default, when inferring a raw tuple's granularity
+_GRANULARITY_CANDIDATES = (128, 1, 32, 64, 256)
+
+
+@attrs.frozen
+class QuantArg:
+    """A quantized argument of an op: its name, role and default block granularity.
+
+    role "lhs": activations, scales per (1, gran_k); role "rhs": weights, scales per block.
+    """
+
+    name: str
+    role: Role
+    granularity: tuple[int, int]
+
+
+@attrs.frozen
+class Tolerance:
+    """calc_diff bounds: against the reference computed from dequantized operands, and against
+    the unquantized inputs (the quantization error itself)."""
+
+    dequantized: float
+    unquantized: float | None = None
+
+
+@attrs.frozen
+class OpContract:
+    """One op's contract: name, reference math in plain torch, tolerance, quantized arguments."""
+
+    name: str
+    reference: Callable[..., Any]
+    tolerance: Tolerance
+    quant_args: tuple[QuantArg, ...] = ()
+
+    def quant_arg(self, name: str) -> QuantArg:
+        for qa in self.quant_args:
+            if qa.name == name:
+                return qa
+        known = ", ".join(q.name for q in self.quant_args) or "none"
+        raise ContractError(f"{self.name}: '{name}' is not a quantized argument (quantized arguments: {known}).")
+
+
+_CONTRACTS: dict[str, OpContract] = {}
+_PUBLIC: dict[str, Callable[..., Any]] = {}
+
+
+def register_contract(contract: OpContract) -> OpContract:
+    if contract.name in _CONTRACTS:
+        raise ValueError(f"contract {contract.name!r} is already registered")
+    _CONTRACTS[contract.name] = contract
+    return contract
+
+
+def contracts() -> dict[str, OpContract]:
+    """Every op contract, by name."""
+    return dict(_CONTRACTS)
+
+
+def get_contract(op: str | Callable[..., Any]) -> OpContract:
+    """The contract of an op given by name or by its public function."""
+    name = getattr(op, "__pk_op__", op)
+    if not isinstance(name, str) or name not in _CONTRACTS:
+        known = ", ".join(sorted(_CONTRACTS))
+        raise ContractError(f"unknown op {op!r}; known ops: {known}.")
+    return _CONTRACTS[name]
+
+
+def public_op(contract: OpContract) -> Callable[[Callable], Callable]:
+    """Mark a public function as the entry point of `contract` (so prepare_inputs accepts it)."""
+    def mark(fn: Callable) -> Callable:
+        fn.__pk_op__ = contract.name
+        _PUBLIC[contract.name] = fn
+        return fn
+    return mark
+
+
+def public_function(contract: OpContract) -> Callable[..., Any] | None:
+    """The public function of an op, if it has one."""
+    return _PUBLIC.get(contract.name)
+
+
+def _infer_gran(n: int, blocks: int, default: int) -> int | None:
+    for g in (default, *_GRANULARITY_CANDIDATES):
+        if cdiv(n, g) == blocks:
+            return g
+    if blocks > 0 and cdiv(n, cdiv(n, blocks)) == blocks:
+        return cdiv(n, blocks)
+    return None
+
+
+def quant_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | PreparedTensor:
+    """The logical view of a quantized argument: PreparedTensor and QuantTensor pass through; a raw
+    DeepGEMM-style `(data, scale)` tuple becomes a QuantTensor (granularity inferred from shapes)."""
+    qa = contract.quant_arg(arg)
+    if isinstance(value, (QuantTensor, PreparedTensor)):
+        return value
+    if isinstance(value, torch.Tensor):
+        raise ContractError(format_problem(
+            contract.name, arg, describe(value), "a quantized operand: a (data, scale) tuple, a QuantTensor or a "
+            "PreparedTensor", "quantize it first, e.g. per_token_cast_to_fp8(x) for activations or "
+            "per_block_cast_to_fp8(w) for weights"))
+    if not (isinstance(value, (tuple, list)) and len(value) == 2
+            and all(isinstance(v, torch.Tensor) for v in value)):
+        raise ContractError(format_problem(contract.name, arg, describe(value), "a (data, scale) pair of tensors",
+                                           "pass (fp8 data, fp32 scales) or a QuantTensor"))
+    data, scale = value
+    if data.dtype != FP8_DTYPE:
+        raise ContractError(format_problem(contract.name, arg, f"data of dtype {data.dtype}", FP8_DTYPE,
+                                           "quantize with per_token_cast_to_fp8 / per_block_cast_to_fp8"))
+    if scale.dtype != torch.float32 or scale.dim() != data.dim() or data.dim() < 2:
+        raise ContractError(format_problem(
+            contract.name, arg, f"scale {describe(scale)} for data {describe(data)}",
+            "fp32 scales with one block per row-block and K-block ([..., ceil(MN/gran_mn), ceil(K/gran_k)])",
+            "pass the logical fp32 scales (not a backend's packed int32/int16 form); to use packed bytes, "
+            "build them with prepare_inputs"))
+    gm = _infer_gran(data.shape[-2], scale.shape[-2], qa.granularity[0])
+    gk = _infer_gran(data.shape[-1], scale.shape[-1], qa.granularity[1])
+    if gm is None or gk is None or tuple(scale.shape[:-2]) != tuple(data.shape[:-2]):
+        raise ContractError(format_problem(
+            contract.name, arg, f"scale of shape {tuple(scale.shape)} for data of shape {tuple(data.shape)}",
+            f"[..., ceil(MN/gran_mn), ceil(K/gran_k)] (default granularity {qa.granularity})",
+            "pass scales from the same quantizer call as the data"))
+    return QuantTensor(data, scale, (gm, gk), ue8m0=is_power_of_two(scale))
+
+
+@attrs.frozen
+class BoundCall:
+    """An op call bound to a backend, with every quantized argument in that backend's bytes."""
+
+    contract: OpContract
+    selection: Selection
+    quant: Mapping[str, PreparedTensor]
+
+    @property
+    def backend(self) -> str:
+        return self.selection.backend.name
+
+    def run(self, **kernel_args: Any) -> Any:
+        provider = registry().select_provider(self.contract.name, self.backend, kernel_args)
+        return provider.fn(**kernel_args)
+
+
+def _tensors(values: Sequence[Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (QuantTensor, PreparedTensor)):
+            out.append(v.data)
+    return out
+
+
+def to_backend(contract: OpContract, arg: str, value: QuantTensor | PreparedTensor, selection: Selection,
+               implicit: bool) -> PreparedTensor:
+    """Bring one quantized operand into `selection`'s bytes; prepared ones are checked, not converted."""
+    qa = contract.quant_arg(arg)
+    backend = selection.backend
+    if isinstance(value, PreparedTensor):
+        options = {**dict(value.tag.params), **selection.options}
+        want = backend.layout_for(contract.name, arg, qa.role, options)
+        if value.tag.backend != backend.name or value.tag.format != want.format:
+            raise LayoutError(
+                f"{contract.name}: argument '{arg}' is in layout {value.tag}, but backend {backend.name!r} needs "
+                f"{backend.name}:{want.format} here. Fix: prepare it for this backend and device with "
+                f"prepare_inputs({contract.name!r}, backend={backend.name!r}, {arg}=...).")
+        return value
+    layout = backend.layout_for(contract.name, arg, qa.role, selection.options)
+    if implicit:
+        note_implicit_conversion(contract.name, arg, backend.name, layout.format)
+    return encode_for(contract.name, arg, backend.name, layout, value)
+
+
+def bind(contract: OpContract, quant: Mapping[str, QuantTensor | PreparedTensor],
+         tensors: Sequence[Any] = ()) -> BoundCall:
+    """Select the backend for a call and bring its quantized operands into that backend's bytes."""
+    tags = {arg: v.tag.backend for arg, v in quant.items() if isinstance(v, PreparedTensor)}
+    selection = select_backend(contract.name, _tensors([*quant.values(), *tensors]), tags)
+    prepared = {arg: to_backend(contract, arg, v, selection, implicit=True) for arg, v in quant.items()}
+    return BoundCall(contract, selection, prepared)

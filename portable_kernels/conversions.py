@@ -1,0 +1,77 @@
+"""Implicit-conversion accounting and strict mode.
+
+Ops accept raw `(data, scale)` tuples and QuantTensors for DeepGEMM compatibility and convert them
+to the backend's layout on the spot. Each such conversion is counted here and warned about once
+per op; strict mode (`PK_STRICT_LAYOUTS=1` or `strict_layouts()`) makes it a LayoutError instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import threading
+import warnings
+from typing import Iterator
+
+from .errors import LayoutError
+
+STRICT_ENV = "PK_STRICT_LAYOUTS"
+
+_strict: contextvars.ContextVar[bool | None] = contextvars.ContextVar("portable_kernels_strict", default=None)
+_lock = threading.Lock()
+_count = 0
+_warned: set[str] = set()
+
+
+class ImplicitConversionWarning(UserWarning):
+    """An op converted an operand that was not prepared with prepare_inputs."""
+
+
+def implicit_conversions() -> int:
+    """How many implicit conversions ops performed since start (or the last reset)."""
+    return _count
+
+
+def reset_implicit_conversions() -> None:
+    global _count
+    with _lock:
+        _count = 0
+        _warned.clear()
+
+
+def is_strict() -> bool:
+    value = _strict.get()
+    if value is not None:
+        return value
+    return os.environ.get(STRICT_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+@contextlib.contextmanager
+def strict_layouts(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, implicit conversions raise LayoutError (or are allowed, if enabled=False)."""
+    token = _strict.set(enabled)
+    try:
+        yield
+    finally:
+        _strict.reset(token)
+
+
+def note_implicit_conversion(op: str, arg: str, backend: str, layout: str) -> None:
+    """Count one implicit conversion; raise in strict mode, warn once per op otherwise."""
+    global _count
+    if is_strict():
+        raise LayoutError(
+            f"{op}: argument '{arg}' is not prepared for backend {backend!r} ({layout}) and strict layout mode "
+            f"forbids converting it inside the op. Fix: convert once at ingest with "
+            f"prepare_inputs({op!r}, {arg}=...), or quantize activations with prepare_for={op!r}.")
+    with _lock:
+        _count += 1
+        first = op not in _warned
+        _warned.add(op)
+    if first:
+        warnings.warn(
+            f"{op}: converting argument '{arg}' to {backend}:{layout} inside the call (counted in "
+            f"portable_kernels.implicit_conversions()). Prepare weights once with prepare_inputs to keep the "
+            f"hot path free of conversions; set {STRICT_ENV}=1 to make this an error.",
+            ImplicitConversionWarning, stacklevel=5)

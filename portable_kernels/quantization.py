@@ -1,0 +1,139 @@
+"""Quantization op family: FP8 casts with per-block scales, and dequantization.
+
+Contract: for each block of (gran_mn x gran_k) elements, amax = max|x| clamped to >= 1e-4,
+sf = amax / 448 (rounded up to a power of two when use_ue8m0), q = clamp(x / sf, ±448) as e4m3.
+Partial trailing blocks are allowed (K or MN not a multiple of the block). NaN/Inf inputs are not
+checked (that would cost a pass over the data): they make their block's scale and values non-finite.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .contract import (OpContract, QuantArg, Tolerance, bind, get_contract, public_op, quant_operand,
+                       register_contract, to_backend)
+from .errors import ContractError, format_problem
+from .layouts.ue8m0 import ceil_to_ue8m0
+from .registry import registry
+from .tensors import FP8_DTYPE, FP8_E4M3_MAX, PreparedTensor, QuantTensor, cdiv, describe
+
+AMAX_FLOOR = 1e-4
+FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def quantize_blocks_reference(x: torch.Tensor, gran_mn: int, gran_k: int,
+                              use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference math: x [..., MN, K] -> (fp8 [..., MN, K], fp32 [..., ceil(MN/gran_mn), ceil(K/gran_k)])."""
+    *lead, mn, k = x.shape
+    bm, bk = cdiv(mn, gran_mn), cdiv(k, gran_k)
+    padded = F.pad(x.float(), (0, bk * gran_k - k, 0, bm * gran_mn - mn))
+    blocks = padded.view(*lead, bm, gran_mn, bk, gran_k)
+    amax = blocks.abs().amax(dim=(-3, -1)).clamp(min=AMAX_FLOOR)
+    scale = amax / FP8_E4M3_MAX
+    if use_ue8m0:
+        scale = ceil_to_ue8m0(scale)
+    q = (blocks / scale[..., :, None, :, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    q = q.view(*lead, bm * gran_mn, bk * gran_k)[..., :mn, :k]
+    return q.to(FP8_DTYPE).contiguous(), scale.contiguous()
+
+
+def expand_scales(scale: torch.Tensor, granularity: tuple[int, int], shape: tuple[int, ...]) -> torch.Tensor:
+    """Per-element scales: block scales [..., bm, bk] repeated to the logical shape [..., MN, K]."""
+    gm, gk = granularity
+    mn, k = shape[-2], shape[-1]
+    return scale.repeat_interleave(gm, dim=-2)[..., :mn, :].repeat_interleave(gk, dim=-1)[..., :k]
+
+
+def dequantize_reference(qt: QuantTensor) -> torch.Tensor:
+    """fp32 values of a logical QuantTensor."""
+    if qt.element == "e2m1":
+        from .layouts.fp4 import e2m1_decode, unpack_e2m1
+        values = e2m1_decode(unpack_e2m1(qt.data))
+    else:
+        values = qt.data.float()
+    return values * expand_scales(qt.scale, qt.granularity, tuple(qt.shape))
+
+
+PER_TOKEN_CAST = register_contract(OpContract(
+    "per_token_cast_to_fp8", quantize_blocks_reference, Tolerance(dequantized=0.0, unquantized=1e-3)))
+PER_BLOCK_CAST = register_contract(OpContract(
+    "per_block_cast_to_fp8", quantize_blocks_reference, Tolerance(dequantized=0.0, unquantized=1e-3)))
+
+
+def _check_float_input(op: str, x: Any, min_dim: int, max_dim: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_INPUT_DTYPES:
+        raise ContractError(format_problem(op, "x", describe(x), f"a tensor of dtype {FLOAT_INPUT_DTYPES}",
+                                           "pass bf16/fp16/fp32 values"))
+    if not min_dim <= x.dim() <= max_dim:
+        raise ContractError(format_problem(op, "x", f"{x.dim()}-D ({tuple(x.shape)})",
+                                           f"{min_dim} to {max_dim} dims", "reshape to [..., rows, K]"))
+
+
+def _check_positive_int(op: str, arg: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ContractError(format_problem(op, arg, repr(value), "a positive int", "pass e.g. 128"))
+
+
+def _cast(contract: OpContract, x: torch.Tensor, granularity: tuple[int, int], use_ue8m0: bool,
+          prepare_for: str | Callable[..., Any] | None, arg: str) -> QuantTensor | PreparedTensor:
+    if not isinstance(use_ue8m0, bool):
+        raise ContractError(format_problem(contract.name, "use_ue8m0", repr(use_ue8m0), "a bool", "pass True or False"))
+    target = None
+    if prepare_for is not None:
+        target = get_contract(prepare_for)
+        target.quant_arg(arg)
+    call = bind(contract, {}, [x])
+    data, scale = call.run(x=x, gran_mn=granularity[0], gran_k=granularity[1], use_ue8m0=use_ue8m0)
+    qt = QuantTensor(data, scale, granularity, ue8m0=use_ue8m0)
+    if target is None:
+        return qt
+    return to_backend(target, arg, qt, call.selection, implicit=False)
+
+
+@public_op(PER_TOKEN_CAST)
+def per_token_cast_to_fp8(x: torch.Tensor, gran_k: int = 128, use_ue8m0: bool = False, *,
+                          prepare_for: str | Callable[..., Any] | None = None,
+                          arg: str = "a") -> QuantTensor | PreparedTensor:
+    """Quantize activations per token: x bf16/fp16/fp32 [..., M, K] ->
+    QuantTensor(fp8 [..., M, K], fp32 [..., M, ceil(K/gran_k)]), granularity (1, gran_k).
+
+    prepare_for: an op (name or function) whose argument `arg` will consume the result; the
+    result is then a PreparedTensor already in the selected backend's bytes for that argument, so
+    the op converts nothing.
+    """
+    _check_float_input(PER_TOKEN_CAST.name, x, 2, 3)
+    _check_positive_int(PER_TOKEN_CAST.name, "gran_k", gran_k)
+    return _cast(PER_TOKEN_CAST, x, (1, gran_k), use_ue8m0, prepare_for, arg)
+
+
+@public_op(PER_BLOCK_CAST)
+def per_block_cast_to_fp8(x: torch.Tensor, block: tuple[int, int] = (128, 128), use_ue8m0: bool = False, *,
+                          prepare_for: str | Callable[..., Any] | None = None,
+                          arg: str = "b") -> QuantTensor | PreparedTensor:
+    """Quantize weights per block: x bf16/fp16/fp32 [(G,) N, K] -> QuantTensor(fp8 [(G,) N, K],
+    fp32 [(G,) ceil(N/block[0]), ceil(K/block[1])]), granularity `block`. `prepare_for` as in
+    per_token_cast_to_fp8 (default argument "b")."""
+    _check_float_input(PER_BLOCK_CAST.name, x, 2, 3)
+    if not (isinstance(block, (tuple, list)) and len(block) == 2):
+        raise ContractError(format_problem(PER_BLOCK_CAST.name, "block", repr(block), "a pair (gran_n, gran_k)",
+                                           "pass e.g. (128, 128)"))
+    _check_positive_int(PER_BLOCK_CAST.name, "block[0]", block[0])
+    _check_positive_int(PER_BLOCK_CAST.name, "block[1]", block[1])
+    return _cast(PER_BLOCK_CAST, x, (int(block[0]), int(block[1])), use_ue8m0, prepare_for, arg)
+
+
+def dequantize(q: QuantTensor | PreparedTensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """fp32 values of a quantized tensor in any form: QuantTensor, a raw (data, scale) tuple, or a
+    PreparedTensor in any registered backend's bytes (decoded by that backend's layout)."""
+    if isinstance(q, PreparedTensor):
+        q = registry().backend(q.tag.backend).decode(q)
+    elif not isinstance(q, QuantTensor):
+        q = quant_operand(_DEQUANT_VIEW, "q", q)
+    return dequantize_reference(q)
+
+
+# The argument description dequantize uses to read raw tuples (any granularity is inferred).
+_DEQUANT_VIEW = OpContract("dequantize", dequantize_reference, Tolerance(0.0), (QuantArg("q", "lhs", (1, 128)),))

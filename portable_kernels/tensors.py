@@ -1,0 +1,156 @@
+"""Value types for quantized operands: the logical `QuantTensor` and a backend's `PreparedTensor`.
+
+A QuantTensor holds numbers (fp8 data and plain row-major fp32 scales); a PreparedTensor holds the
+same numbers in one backend's bytes, tagged with that layout. Neither converts anything by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import attrs
+import torch
+
+from .errors import ContractError
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_E4M3_MAX = 448.0
+
+#: element formats a QuantTensor can carry; "e2m1" data is packed two codes per byte along K.
+ELEMENT_FORMATS = ("e4m3", "e2m1")
+
+
+def describe(x: object) -> str:
+    """A short human description of a value for error messages."""
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
+    if isinstance(x, (QuantTensor, PreparedTensor)):
+        return repr(x)
+    if isinstance(x, tuple):
+        return "a tuple (" + ", ".join(describe(v) for v in x) + ")"
+    return f"{type(x).__name__} {x!r}"
+
+
+@attrs.frozen
+class LayoutTag:
+    """Names a byte layout: which backend reads it, the format's name, and its parameters."""
+
+    backend: str
+    format: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def param(self, key: str, default: Any = None) -> Any:
+        return dict(self.params).get(key, default)
+
+    def __str__(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.backend}:{self.format}" + (f"({extra})" if extra else "")
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for non-negative ints."""
+    return -(-a // b)
+
+
+@attrs.frozen(eq=False, repr=False)
+class QuantTensor:
+    """A block-quantized tensor in logical form.
+
+    data:  fp8 e4m3 [..., MN, K] (or, for element "e2m1", uint8 [..., MN, K/2] two codes per byte)
+    scale: fp32 [..., ceil(MN/gran_mn), ceil(K/gran_k)], row-major; value = data * scale of its block
+    granularity: (gran_mn, gran_k), e.g. (1, 128) for activations, (128, 128) for weights
+    ue8m0: True when every scale is a power of two (representable in exponent-only formats)
+
+    Unpacks as `(data, scale)` so it can be passed wherever DeepGEMM takes a tuple.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    granularity: tuple[int, int]
+    ue8m0: bool = False
+    element: str = "e4m3"
+
+    def __attrs_post_init__(self) -> None:
+        if self.element not in ELEMENT_FORMATS:
+            raise ContractError(f"QuantTensor: element {self.element!r} is unknown; use one of {ELEMENT_FORMATS}.")
+        want = FP8_DTYPE if self.element == "e4m3" else torch.uint8
+        if not isinstance(self.data, torch.Tensor) or self.data.dtype != want:
+            raise ContractError(f"QuantTensor: data is {describe(self.data)}; expected {want} for element "
+                                f"{self.element!r}. Fix: quantize with per_token_cast_to_fp8 / per_block_cast_to_fp8.")
+        if not isinstance(self.scale, torch.Tensor) or self.scale.dtype != torch.float32:
+            raise ContractError(f"QuantTensor: scale is {describe(self.scale)}; expected float32 scales.")
+        if self.data.dim() < 2:
+            raise ContractError(f"QuantTensor: data has {self.data.dim()} dims; expected at least 2 ([MN, K]).")
+        gm, gk = self.granularity
+        if gm < 1 or gk < 1:
+            raise ContractError(f"QuantTensor: granularity {self.granularity} must be positive.")
+        expect = self.scale_shape_for(tuple(self.shape), self.granularity)
+        if tuple(self.scale.shape) != expect:
+            raise ContractError(f"QuantTensor: scale has shape {tuple(self.scale.shape)}; expected {expect} for data "
+                                f"of logical shape {tuple(self.shape)} and granularity {self.granularity}.")
+        if self.scale.device != self.data.device:
+            raise ContractError(f"QuantTensor: scale is on {self.scale.device} but data on {self.data.device}.")
+
+    @staticmethod
+    def scale_shape_for(shape: tuple[int, ...], granularity: tuple[int, int]) -> tuple[int, ...]:
+        gm, gk = granularity
+        return (*shape[:-2], cdiv(shape[-2], gm), cdiv(shape[-1], gk))
+
+    @property
+    def shape(self) -> torch.Size:
+        """Logical element shape (K counts elements, also for packed e2m1)."""
+        if self.element == "e2m1":
+            return torch.Size((*self.data.shape[:-1], self.data.shape[-1] * 2))
+        return self.data.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        yield self.data
+        yield self.scale
+
+    def __repr__(self) -> str:
+        return (f"QuantTensor({self.element} {tuple(self.shape)}, scale {tuple(self.scale.shape)} fp32, "
+                f"granularity={self.granularity}, ue8m0={self.ue8m0}, device={self.device})")
+
+
+@attrs.frozen(eq=False, repr=False)
+class PreparedTensor:
+    """A quantized (or plain) operand in one backend's native bytes.
+
+    data:  the element bytes as the backend stores them
+    scale: the backend's scale storage (any dtype, shape and strides its format defines), or None
+    tag:   the layout, e.g. nvidia:sm90-fp32-mn-major-tma
+    shape: the logical element shape of the operand, [..., MN, K]
+    granularity, ue8m0, element: as in the QuantTensor it came from (the math's identity); the
+                 granularity the scale storage carries (after exact replication) is `storage_granularity`
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor | None
+    tag: LayoutTag
+    shape: tuple[int, ...]
+    granularity: tuple[int, int] | None = None
+    ue8m0: bool = False
+    element: str = "e4m3"
+
+    @property
+    def backend(self) -> str:
+        return self.tag.backend
+
+    @property
+    def storage_granularity(self) -> tuple[int, int] | None:
+        return self.tag.param("granularity", self.granularity)
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def __repr__(self) -> str:
+        scale = "none" if self.scale is None else (
+            f"{self.scale.dtype} {tuple(self.scale.shape)} strides {self.scale.stride()}")
+        return (f"PreparedTensor({self.tag}, logical {self.element} {tuple(self.shape)}, "
+                f"data {self.data.dtype} {tuple(self.data.shape)}, scale {scale}, device={self.device})")
+
