@@ -1,1 +1,152 @@
-"""Per-chip byte formats as pure encode/decode pairs on torch tensors (imports torch only)."""
+"""Per-chip byte formats as pure encode/decode pairs on torch tensors.
+
+Rule: this package imports torch and the standard library only, and every conversion is exact —
+anything lossy raises LayoutConversionError. Modules: `ue8m0` (exponent-only scales),
+`fp8_scales` (SM90 / SM100 / Ascend MX scale layouts), `fp4` (E2M1 codes and nibble packing),
+`nz` (Ascend FRACTAL_NZ tiles), `moe` (grouped-GEMM row layouts), `kv_cache` (FlashMLA FP8 cache).
+"""
+
+from .constants import (
+    ACL_FORMAT_FRACTAL_NZ,
+    ACL_FORMAT_ND,
+    ASCEND_BLOCKS_PER_WORD,
+    ASCEND_MOE_ALIGNMENT,
+    FP4_E2M1_MAX,
+    FP8_BLOCK_K,
+    FP8_BLOCK_MN,
+    FP8_E4M3_MAX,
+    KV_FP8_BYTES_PER_TOKEN,
+    KV_HEAD_DIM,
+    KV_LATENT_DIM,
+    KV_NUM_SCALES,
+    KV_PAGE_BLOCK_SIZE,
+    KV_ROPE_DIM,
+    KV_ROPE_OFFSET,
+    KV_SCALE_TILE,
+    KV_SCALES_OFFSET,
+    MX_BLOCK_K,
+    NVIDIA_MOE_ALIGNMENT,
+    NZ_FRACTAL_BYTES,
+    NZ_FRACTAL_ROWS,
+    SCALE_AMAX_FLOOR,
+    SM100_BLOCKS_PER_WORD,
+    TMA_ALIGN_BYTES,
+)
+from .errors import LayoutConversionError
+from .fp4 import E2M1_VALUES, e2m1_decode, e2m1_encode, fp4_scale_from_amax, pack_e2m1, unpack_e2m1
+from .fp8_scales import (
+    ascend_mx_byte_view,
+    ascend_mx_decode,
+    ascend_mx_encode,
+    ascend_mx_kmajor_decode,
+    ascend_mx_kmajor_encode,
+    broadcast_block_scales_to_rows,
+    fp8_scale_from_amax,
+    is_ascend_mx_layout,
+    is_sm90_sfa_layout,
+    is_sm100_ue8m0_layout,
+    regranularize_k,
+    sm90_sfa_decode,
+    sm90_sfa_encode,
+    sm90_sfb_decode,
+    sm90_sfb_encode,
+    sm100_ue8m0_decode,
+    sm100_ue8m0_encode,
+    tma_aligned_mn,
+)
+from .kv_cache import dequantize_fp8_kv_cache, pack_fp8_kv_cache, unpack_fp8_kv_cache
+from .moe import (
+    aligned_counts,
+    check_masked_m,
+    contiguous_m_indices,
+    contiguous_total_m,
+    counts_from_m_indices,
+    counts_from_psum,
+    m_indices_from_psum,
+    masked_m_from_counts,
+    psum_layout,
+    segment_starts,
+)
+from .nz import nd_to_nz, nz_c0, nz_shape, nz_to_nd
+from .ue8m0 import ceil_to_ue8m0, is_power_of_two, ue8m0_exponents, ue8m0_to_fp32
+
+__all__ = [
+    # constants
+    "ACL_FORMAT_FRACTAL_NZ",
+    "ACL_FORMAT_ND",
+    "ASCEND_BLOCKS_PER_WORD",
+    "ASCEND_MOE_ALIGNMENT",
+    "FP4_E2M1_MAX",
+    "FP8_BLOCK_K",
+    "FP8_BLOCK_MN",
+    "FP8_E4M3_MAX",
+    "KV_FP8_BYTES_PER_TOKEN",
+    "KV_HEAD_DIM",
+    "KV_LATENT_DIM",
+    "KV_NUM_SCALES",
+    "KV_PAGE_BLOCK_SIZE",
+    "KV_ROPE_DIM",
+    "KV_ROPE_OFFSET",
+    "KV_SCALE_TILE",
+    "KV_SCALES_OFFSET",
+    "MX_BLOCK_K",
+    "NVIDIA_MOE_ALIGNMENT",
+    "NZ_FRACTAL_BYTES",
+    "NZ_FRACTAL_ROWS",
+    "SCALE_AMAX_FLOOR",
+    "SM100_BLOCKS_PER_WORD",
+    "TMA_ALIGN_BYTES",
+    # errors
+    "LayoutConversionError",
+    # ue8m0
+    "ceil_to_ue8m0",
+    "is_power_of_two",
+    "ue8m0_exponents",
+    "ue8m0_to_fp32",
+    # fp8 scales
+    "ascend_mx_byte_view",
+    "ascend_mx_decode",
+    "ascend_mx_encode",
+    "ascend_mx_kmajor_decode",
+    "ascend_mx_kmajor_encode",
+    "broadcast_block_scales_to_rows",
+    "fp8_scale_from_amax",
+    "is_ascend_mx_layout",
+    "is_sm90_sfa_layout",
+    "is_sm100_ue8m0_layout",
+    "regranularize_k",
+    "sm90_sfa_decode",
+    "sm90_sfa_encode",
+    "sm90_sfb_decode",
+    "sm90_sfb_encode",
+    "sm100_ue8m0_decode",
+    "sm100_ue8m0_encode",
+    "tma_aligned_mn",
+    # fp4
+    "E2M1_VALUES",
+    "e2m1_decode",
+    "e2m1_encode",
+    "fp4_scale_from_amax",
+    "pack_e2m1",
+    "unpack_e2m1",
+    # nz
+    "nd_to_nz",
+    "nz_c0",
+    "nz_shape",
+    "nz_to_nd",
+    # moe
+    "aligned_counts",
+    "check_masked_m",
+    "contiguous_m_indices",
+    "contiguous_total_m",
+    "counts_from_m_indices",
+    "counts_from_psum",
+    "m_indices_from_psum",
+    "masked_m_from_counts",
+    "psum_layout",
+    "segment_starts",
+    # kv cache
+    "dequantize_fp8_kv_cache",
+    "pack_fp8_kv_cache",
+    "unpack_fp8_kv_cache",
+]

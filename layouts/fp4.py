@@ -1,0 +1,112 @@
+"""FP4 E2M1: one sign bit and a 3-bit magnitude index, packed two codes per byte.
+
+Rule: codes are exact 4-bit patterns; packing never reinterprets them. torch cannot convert
+`float4_e2m1fn_x2`, so codes are built and packed here by hand.
+
+Code layout (bit 3 = sign, bits 0-2 = magnitude index)::
+
+    index      0    1    2    3    4    5    6    7
+    magnitude  0    0.5  1    1.5  2    3    4    6
+
+Packing along the contiguous axis, even element in the LOW nibble: `byte = c[2i] | c[2i+1] << 4`.
+Example: values [1.0, -0.5, 6.0, 0.0] -> codes [0x2, 0x9, 0x7, 0x0] -> bytes [0x92, 0x07].
+
+Scales: UE8M0 per 32 (or 128) elements along K, `sf = ceil_to_ue8m0(amax / 6)`, packed with the
+FP8 scale packers (`sm100_ue8m0_encode` four per int32, `ascend_mx_encode` two per int16).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._util import require_dtype
+from .constants import FP4_E2M1_MAX
+from .errors import LayoutConversionError
+from .ue8m0 import ceil_to_ue8m0
+
+__all__ = [
+    "E2M1_VALUES",
+    "e2m1_encode",
+    "e2m1_decode",
+    "pack_e2m1",
+    "unpack_e2m1",
+    "fp4_scale_from_amax",
+]
+
+# Value of each 4-bit code 0..15 (codes 8..15 are the negatives; 8 is -0.0).
+E2M1_VALUES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                                  -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)  # fmt: skip
+# Midpoints between neighbouring magnitudes; magnitude index = number of midpoints below |x|.
+_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_SIGN_BIT = 0x8
+_FLOAT_INPUTS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (uint8 0..15, same shape) of a float tensor: round to nearest, ties to the even code.
+
+    |x| > 6 saturates to 6 (code 7). The sign bit (bit 3) follows the sign of x, so -0.0 and small
+    negatives that round to zero give code 0x8 (negative zero). Ties: 0.25 -> 0, 0.75 -> 1.0,
+    1.25 -> 1.0, 1.75 -> 2.0, 2.5 -> 2.0, 3.5 -> 4.0, 5.0 -> 4.0. NaN or inf raises
+    LayoutConversionError (E2M1 has neither; clamp or scale before encoding).
+    """
+    require_dtype("x", x, _FLOAT_INPUTS, "pass a floating tensor (fp32, fp64, bf16, fp16)")
+    work = x if x.dtype == torch.float64 else x.float()  # bf16/fp16 -> fp32 is exact
+    if not bool(torch.isfinite(work).all()):
+        raise LayoutConversionError("e2m1_encode: input contains NaN or inf; E2M1 cannot carry them")
+    mag = work.abs()
+    midpoints = torch.tensor(_MIDPOINTS, dtype=work.dtype, device=work.device)
+    down = torch.bucketize(mag, midpoints, right=False)  # a tie counts as below its midpoint
+    up = torch.bucketize(mag, midpoints, right=True)  # a tie counts as above
+    index = torch.where((down != up) & (down % 2 == 1), up, down)  # on a tie keep the even index
+    sign = torch.signbit(work).to(torch.uint8) * _SIGN_BIT
+    return index.to(torch.uint8) | sign
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """fp32 values of E2M1 codes (uint8 0..15). Code 0x8 decodes to -0.0."""
+    _check_codes(codes)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    return table[codes.long()]
+
+
+def _check_codes(codes: torch.Tensor) -> None:
+    require_dtype("codes", codes, (torch.uint8,), "pass uint8 codes from e2m1_encode")
+    if codes.numel() and int(codes.max()) > 0xF:
+        raise LayoutConversionError("codes must be 4-bit values 0..15; pass codes from e2m1_encode")
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """Pack uint8 codes `[..., K]` into uint8 `[..., K/2]`: `byte = c[2i] | c[2i+1] << 4`.
+
+    K must be even (LayoutConversionError otherwise: pad K to an even length first).
+    Example: codes [0x2, 0x9, 0x7, 0x0] -> bytes [0x92, 0x07].
+    """
+    _check_codes(codes)
+    if codes.dim() == 0 or codes.shape[-1] % 2:
+        raise LayoutConversionError(
+            f"pack_e2m1: last dim must be even to pack two codes per byte, got shape {tuple(codes.shape)}; "
+            "pad K to an even length first"
+        )
+    # Little-endian int16 view of a pair is c0 + 256*c1; OR-ing in its shift by 4 puts c1 in the
+    # high nibble of the low byte (c0 < 16, so nothing else lands there).
+    pairs = codes.contiguous().view(torch.int16)
+    return (pairs | (pairs >> 4)).to(torch.uint8)
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of `pack_e2m1`: uint8 (or int8) `[..., K/2]` -> uint8 codes `[..., K]`, low nibble first."""
+    require_dtype("packed", packed, (torch.uint8, torch.int8), "pass the bytes returned by pack_e2m1")
+    if packed.dim() == 0:
+        raise LayoutConversionError("packed must have at least one dim [..., K/2]")
+    p = packed.view(torch.uint8)
+    return torch.stack((p & 0xF, p >> 4), dim=-1).flatten(-2)
+
+
+def fp4_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """UE8M0-ready FP4 block scale: `ceil_to_ue8m0(amax / 6)`, so |x / sf| <= 6.
+
+    amax 6 -> 1.0, amax 7 -> 2.0, amax 0 -> 2^-126 (ceil_to_ue8m0 clamps the exponent at 1).
+    """
+    require_dtype("amax", amax, (torch.float32,), "compute amax in fp32")
+    return ceil_to_ue8m0(amax / FP4_E2M1_MAX)

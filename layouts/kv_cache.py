@@ -1,0 +1,102 @@
+"""FlashMLA V3.2 FP8 KV cache: one token = 656 bytes.
+
+Rule: byte offsets are fixed; quantization follows the block rule (amax clamped >= 1e-4,
+sf = amax / 448, rounded UP to a power of two) so dequantization is exact multiplication.
+
+Token layout (byte offsets)::
+
+    [0, 512)    512 float8_e4m3fn latent values q[i] = clamp(x[i] / sf[i // 128], -448, 448)
+    [512, 528)  4 fp32 scales sf[t], little-endian, one per 128 latent values
+    [528, 656)  64 bf16 RoPE values, little-endian, copied unchanged
+
+A paged cache is uint8 [num_blocks, block_size, 1, 656] with stride(1) = 656.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._util import require_dtype
+from .constants import (
+    FP8_E4M3_MAX,
+    KV_FP8_BYTES_PER_TOKEN,
+    KV_HEAD_DIM,
+    KV_LATENT_DIM,
+    KV_NUM_SCALES,
+    KV_ROPE_DIM,
+    KV_ROPE_OFFSET,
+    KV_SCALE_TILE,
+    KV_SCALES_OFFSET,
+)
+from .errors import LayoutConversionError
+from .fp8_scales import fp8_scale_from_amax
+
+__all__ = ["pack_fp8_kv_cache", "unpack_fp8_kv_cache", "dequantize_fp8_kv_cache"]
+
+
+def pack_fp8_kv_cache(latent: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Quantize and pack tokens: latent bf16/fp32 `[..., 512]`, rope bf16 `[..., 64]` -> uint8 `[..., 656]`.
+
+    Per tile t of 128 latent values: amax = max |x| clamped to >= 1e-4 (the amax is clamped, not the
+    scale, so an all-zero tile gets sf = 2^-22), sf = ceil_to_ue8m0(amax / 448), q = x / sf clamped
+    to [-448, 448] and rounded to e4m3 (nearest even). The rope must already be bf16: converting
+    it here would round it silently. Non-finite latent values raise LayoutConversionError.
+
+    Example (tile 0 = [448, 1, -2, 0.5, 0...], rope[0] = 1.0): bytes 0..3 = 7e 38 c0 30,
+    bytes 512..515 = 00 00 80 3f (sf 1.0), bytes 528..529 = 80 3f.
+    """
+    require_dtype("latent", latent, (torch.bfloat16, torch.float32), "pass the latent as bf16 or fp32")
+    require_dtype("rope", rope, (torch.bfloat16,), "the cache stores RoPE as bf16; pass rope.to(torch.bfloat16)")
+    if latent.dim() == 0 or latent.shape[-1] != KV_LATENT_DIM or rope.dim() == 0 or rope.shape[-1] != KV_ROPE_DIM:
+        raise LayoutConversionError(
+            f"expected latent [..., {KV_LATENT_DIM}] and rope [..., {KV_ROPE_DIM}], "
+            f"got {tuple(latent.shape)} and {tuple(rope.shape)}"
+        )
+    if latent.shape[:-1] != rope.shape[:-1]:
+        raise LayoutConversionError(f"latent {tuple(latent.shape)} and rope {tuple(rope.shape)} differ in leading dims")
+    x = latent.float().unflatten(-1, (KV_NUM_SCALES, KV_SCALE_TILE))
+    if not bool(torch.isfinite(x).all()):
+        raise LayoutConversionError("latent contains NaN or inf; the FP8 cache cannot carry them")
+    sf = fp8_scale_from_amax(x.abs().amax(dim=-1), use_ue8m0=True)  # [..., 4]
+    q = (x / sf.unsqueeze(-1)).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    out = torch.empty((*latent.shape[:-1], KV_FP8_BYTES_PER_TOKEN), dtype=torch.uint8, device=latent.device)
+    out[..., :KV_SCALES_OFFSET].copy_(q.view(torch.uint8).flatten(-2))
+    out[..., KV_SCALES_OFFSET:KV_ROPE_OFFSET].copy_(sf.contiguous().view(torch.uint8))
+    out[..., KV_ROPE_OFFSET:].copy_(rope.contiguous().view(torch.uint8))
+    return out
+
+
+def _check_packed(packed: torch.Tensor) -> None:
+    require_dtype("packed", packed, (torch.uint8,), "pass the uint8 cache returned by pack_fp8_kv_cache")
+    if packed.dim() == 0 or packed.shape[-1] != KV_FP8_BYTES_PER_TOKEN:
+        raise LayoutConversionError(
+            f"packed must be uint8 [..., {KV_FP8_BYTES_PER_TOKEN}], got shape {tuple(packed.shape)}"
+        )
+
+
+def unpack_fp8_kv_cache(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split uint8 `[..., 656]` tokens into (latent fp32 `[..., 512]` = q * sf, rope bf16 `[..., 64]`).
+
+    The latent dequantization is exact (e4m3 times a power of two fits fp32).
+    """
+    _check_packed(packed)
+    q = packed[..., :KV_SCALES_OFFSET].contiguous().view(torch.float8_e4m3fn)
+    sf = packed[..., KV_SCALES_OFFSET:KV_ROPE_OFFSET].contiguous().view(torch.float32)
+    rope = packed[..., KV_ROPE_OFFSET:].contiguous().view(torch.bfloat16)
+    latent = (q.float().unflatten(-1, (KV_NUM_SCALES, KV_SCALE_TILE)) * sf.unsqueeze(-1)).flatten(-2)
+    return latent, rope
+
+
+def dequantize_fp8_kv_cache(packed: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """uint8 `[..., 656]` -> `[..., 576]` (512 dequantized latent, then 64 RoPE) in bf16 (default) or fp32.
+
+    bf16 loses nothing: an e4m3 value (3 mantissa bits) times a power of two fits bf16's 8 bits,
+    and bf16 has fp32's exponent range.
+    """
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise LayoutConversionError(f"dtype must be bfloat16 or float32, got {dtype}")
+    latent, rope = unpack_fp8_kv_cache(packed)
+    out = torch.empty((*packed.shape[:-1], KV_HEAD_DIM), dtype=dtype, device=packed.device)
+    out[..., :KV_LATENT_DIM].copy_(latent)
+    out[..., KV_LATENT_DIM:].copy_(rope)
+    return out
