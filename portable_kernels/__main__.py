@@ -1,4 +1,4 @@
-"""Command line: `python -m portable_kernels {demo,doctor}` (also installed as `portable-kernels`)."""
+"""Command line: `python -m portable_kernels {demo,doctor,conformance}` (also installed as `portable-kernels`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _conformance(args: argparse.Namespace) -> int:
+    from .testing import run_conformance
+    options = {"arch": args.arch} if args.arch else {}
+    report = run_conformance(backend=args.backend, ops=args.ops or None, quick=args.quick, **options)
+    print(report.format_table())
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .demo import DEMO_SHAPE
     parser = argparse.ArgumentParser(prog="portable_kernels", description=__doc__)
@@ -35,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     doctor = sub.add_parser("doctor", help="list backends, their devices, providers and availability")
     doctor.set_defaults(func=_doctor)
+    conf = sub.add_parser("conformance", help="run every op's contract cases on one backend")
+    conf.add_argument("--backend", default=None, help="backend name (default: cpu)")
+    conf.add_argument("--quick", action="store_true", help="fewer, smaller cases")
+    conf.add_argument("--arch", default=None, help="layout option, e.g. sm90 or sm100 for nvidia")
+    conf.add_argument("--ops", nargs="*", help="only these ops")
+    conf.set_defaults(func=_conformance)
     return parser
 
 
