@@ -51,11 +51,14 @@ class Backend:
     device_types:  torch device types it runs on natively ("cpu", "cuda", "npu", ...)
     emulation:     whether it also runs on CPU tensors when chosen explicitly (use_backend or
                    prepared inputs); its bytes are then checked by the same contracts on the CPU
+    moe_alignment: per-expert segment alignment its grouped GEMM wants (NVIDIA 128, Ascend 256)
     """
 
     name: str = ""
     device_types: tuple[str, ...] = ()
     emulation: bool = False
+    #: row alignment of each expert segment in the MoE contiguous layout (DeepGEMM: 128)
+    moe_alignment: int = 128
 
     def unavailable_reason(self) -> str | None:
         """None when the backend can run on its native devices here, else why not."""

@@ -1,21 +1,25 @@
 """CPU backend: the embedded default and the reference every other backend is checked against.
 
-Its layout is the logical one (fp32 row-major scales), so preparing for it copies nothing.
+Its layout is the logical one (fp32 row-major scales), so preparing for it copies nothing. Each op
+family's providers live in their own module with a `register(registry)` function; every such
+module in this package is registered (one module per op family, no central list to edit).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any, Mapping
 
 from portable_kernels.layout import Layout, plain_layout
 from portable_kernels.registry import Backend, Registry
 from portable_kernels.tensors import PreparedTensor, QuantTensor
 
-from . import reference
+from ._names import BACKEND
 
 
 class CpuBackend(Backend):
-    name = "cpu"
+    name = BACKEND
     device_types = ("cpu",)
 
     def __init__(self) -> None:
@@ -31,4 +35,6 @@ class CpuBackend(Backend):
 def register(registry: Registry) -> None:
     """Entry point `portable_kernels.backends: cpu`."""
     registry.add_backend(CpuBackend())
-    reference.register(registry)
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}").register(registry)

@@ -5,8 +5,14 @@
 themselves on import, one module per op family (`<family>_cases.py`).
 """
 
-from . import gemm_cases, quantization_cases  # noqa: F401  (registers cases)
+import importlib
+import pkgutil
+
 from .core import Case, CaseFailure, ConformanceReport, OpReport, cases_for, conformance_cases, run_conformance
+
+for _info in pkgutil.iter_modules(__path__):
+    if _info.name.endswith("_cases"):
+        importlib.import_module(f"{__name__}.{_info.name}")
 
 __all__ = ["Case", "CaseFailure", "ConformanceReport", "OpReport", "cases_for", "conformance_cases",
            "run_conformance"]

@@ -1,0 +1,4 @@
+"""Names shared by the cpu backend's modules."""
+
+BACKEND = "cpu"
+REFERENCE = "reference"
