@@ -27,12 +27,14 @@ from .errors import LayoutConversionError
 
 __all__ = ["nz_c0", "nz_shape", "nd_to_nz", "nz_to_nd"]
 
+_ELEMENT_SIZES = (1, 2, 4)  # the cube unit's operand widths: fp8/int8, bf16/fp16, fp32
+
 
 def nz_c0(dtype: torch.dtype) -> int:
     """Columns per NZ tile: 32 bytes / itemsize (fp8/int8 32, bf16/fp16 16, fp32 8)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if NZ_FRACTAL_BYTES % itemsize:
-        raise LayoutConversionError(f"FRACTAL_NZ needs an element size dividing 32 bytes, got {dtype}")
+    if itemsize not in _ELEMENT_SIZES:
+        raise LayoutConversionError(f"FRACTAL_NZ takes 1-, 2- or 4-byte elements, got {dtype} ({itemsize} bytes)")
     return NZ_FRACTAL_BYTES // itemsize
 
 
