@@ -106,8 +106,6 @@ def _infer_gran(n: int, blocks: int, default: int) -> int | None:
     for g in (default, *_GRANULARITY_CANDIDATES):
         if cdiv(n, g) == blocks:
             return g
-    if blocks > 0 and cdiv(n, cdiv(n, blocks)) == blocks:
-        return cdiv(n, blocks)
     return None
 
 
@@ -198,5 +196,7 @@ def bind(contract: OpContract, quant: Mapping[str, QuantTensor | PreparedTensor]
     """Select the backend for a call and bring its quantized operands into that backend's bytes."""
     tags = {arg: v.tag.backend for arg, v in quant.items() if isinstance(v, PreparedTensor)}
     selection = select_backend(contract.name, _tensors([*quant.values(), *tensors]), tags)
-    prepared = {arg: to_backend(contract, arg, v, selection, implicit=True) for arg, v in quant.items()}
+    prepared = {}
+    for arg, value in quant.items():  # a loop, not a comprehension: keeps the warning's stacklevel exact
+        prepared[arg] = to_backend(contract, arg, value, selection, implicit=True)
     return BoundCall(contract, selection, prepared)

@@ -80,8 +80,8 @@ def _check_fp8_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor
                                                f"the operands' granularity ({ga[0]}, {gb[0]}, {ga[1]})",
                                                "leave recipe=None or quantize with the matching block sizes"))
     if a.granularity[1] != b.granularity[1]:
-        raise ContractError(format_problem(op, "b", f"scaled per {b.granularity[1]} along K",
-                                           f"the same K granularity as a ({a.granularity[1]})",
+        raise ContractError(format_problem(op, "b", f"scaled per {b.granularity[1]} along K while a is scaled per "
+                                           f"{a.granularity[1]}", "the same K granularity for a and b",
                                            "quantize both operands with the same gran_k"))
 
 

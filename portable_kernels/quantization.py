@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from .contract import (OpContract, QuantArg, Tolerance, bind, get_contract, public_op, quant_operand,
                        register_contract, to_backend)
 from .errors import ContractError, format_problem
-from .layouts.ue8m0 import ceil_to_ue8m0
+from .layouts.constants import FP8_E4M3_MAX
+from .layouts.fp8_scales import fp8_scale_from_amax
 from .registry import registry
-from .tensors import FP8_DTYPE, FP8_E4M3_MAX, PreparedTensor, QuantTensor, cdiv, describe
+from .tensors import FP8_DTYPE, PreparedTensor, QuantTensor, cdiv, describe
 
-AMAX_FLOOR = 1e-4
 FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -31,10 +31,7 @@ def quantize_blocks_reference(x: torch.Tensor, gran_mn: int, gran_k: int,
     bm, bk = cdiv(mn, gran_mn), cdiv(k, gran_k)
     padded = F.pad(x.float(), (0, bk * gran_k - k, 0, bm * gran_mn - mn))
     blocks = padded.view(*lead, bm, gran_mn, bk, gran_k)
-    amax = blocks.abs().amax(dim=(-3, -1)).clamp(min=AMAX_FLOOR)
-    scale = amax / FP8_E4M3_MAX
-    if use_ue8m0:
-        scale = ceil_to_ue8m0(scale)
+    scale = fp8_scale_from_amax(blocks.abs().amax(dim=(-3, -1)), use_ue8m0)
     q = (blocks / scale[..., :, None, :, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
     q = q.view(*lead, bm * gran_mn, bk * gran_k)[..., :mn, :k]
     return q.to(FP8_DTYPE).contiguous(), scale.contiguous()

@@ -14,7 +14,6 @@ import torch
 from .errors import ContractError
 
 FP8_DTYPE = torch.float8_e4m3fn
-FP8_E4M3_MAX = 448.0
 
 #: element formats a QuantTensor can carry; "e2m1" data is packed two codes per byte along K.
 ELEMENT_FORMATS = ("e4m3", "e2m1")

@@ -1,0 +1,124 @@
+"""Registry: selection order, overrides, provider priority and NoKernelError reasons, reports."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import portable_kernels as pk
+from portable_kernels.registry import Registry, select_backend
+from portable_kernels.testing.generators import randn
+
+
+def test_device_rule_picks_cpu_for_cpu_tensors():
+    sel = select_backend("fp8_gemm_nt", [torch.zeros(1)], {})
+    assert sel.backend.name == "cpu" and not sel.explicit
+
+
+def test_prepared_tag_beats_device(exp_backend):
+    sel = select_backend("fp8_gemm_nt", [torch.zeros(1)], {"b": exp_backend})
+    assert sel.backend.name == exp_backend and sel.explicit
+
+
+def test_use_backend_beats_device_and_passes_options(exp_backend):
+    with pk.use_backend(exp_backend, arch="x1"):
+        sel = select_backend("fp8_gemm_nt", [torch.zeros(1)], {})
+    assert sel.backend.name == exp_backend and sel.options["arch"] == "x1"
+    assert select_backend("fp8_gemm_nt", [torch.zeros(1)], {}).backend.name == "cpu"
+
+
+def test_use_backend_conflicting_with_prepared_tag_is_a_layout_error_naming_both(exp_backend):
+    with pk.use_backend("cpu"), pytest.raises(pk.LayoutError, match=f"'{exp_backend}'.*'cpu'"):
+        select_backend("fp8_gemm_nt", [torch.zeros(1)], {"b": exp_backend})
+
+
+def test_arguments_prepared_for_two_backends_are_refused(exp_backend):
+    with pytest.raises(pk.LayoutError, match="different backends"):
+        select_backend("fp8_gemm_nt", [torch.zeros(1)], {"a": "cpu", "b": exp_backend})
+
+
+def test_unknown_backend_name_is_backend_unavailable():
+    with pytest.raises(pk.BackendUnavailableError, match="not registered"):
+        with pk.use_backend("no_such_backend"):
+            pass
+
+
+def test_emulation_backend_refuses_cpu_tensors_unless_chosen_explicitly(exp_backend):
+    backend = pk.registry().backend(exp_backend)
+    assert backend.emulation and "cpu" not in backend.device_types
+    # chosen by device, cpu goes to the cpu backend; chosen explicitly, emulation is allowed
+    with pk.use_backend(exp_backend):
+        assert select_backend("op", [torch.zeros(1)], {}).backend.name == exp_backend
+
+
+def test_tensors_on_different_devices_are_a_contract_error():
+    with pytest.raises(pk.ContractError, match="different devices"):
+        select_backend("op", [torch.zeros(1), torch.zeros(1, device="meta")], {})
+
+
+class _Toy(pk.Backend):
+    name = "toy"
+    device_types = ("cpu",)
+
+
+def _toy_registry() -> Registry:
+    reg = Registry()
+    reg._loaded = True  # no entry points: a private registry for selection tests
+    reg.add_backend(_Toy())
+    return reg
+
+
+def test_providers_are_tried_by_priority_and_first_supporting_wins():
+    reg = _toy_registry()
+    reg.kernel("op", "toy", "slow", priority=0)(lambda n: "slow")
+    reg.kernel("op", "toy", "fast", priority=10, supports=lambda n: None if n < 4 else "n must be < 4")(
+        lambda n: "fast")
+    assert reg.select_provider("op", "toy", {"n": 2}).name == "fast"
+    assert reg.select_provider("op", "toy", {"n": 9}).name == "slow"
+
+
+def test_no_kernel_error_lists_every_provider_and_reason():
+    reg = _toy_registry()
+    reg.kernel("op", "toy", "a", supports=lambda n: "a wants even n")(lambda n: None)
+    reg.kernel("op", "toy", "b", supports=lambda n: "b needs a GPU")(lambda n: None)
+    with pytest.raises(pk.NoKernelError) as info:
+        reg.select_provider("op", "toy", {"n": 1})
+    assert info.value.reasons == {"a": "a wants even n", "b": "b needs a GPU"}
+    assert "a wants even n" in str(info.value) and "b needs a GPU" in str(info.value)
+
+
+def test_a_broken_plugin_is_reported_not_raised():
+    reg = _toy_registry()
+
+    def broken_loader():
+        raise ImportError("missing dependency foo")
+
+    reg.load_plugin("broken", broken_loader)
+    assert "missing dependency foo" in reg.broken_plugins()["broken"]
+
+
+def test_duplicate_backend_or_provider_is_refused():
+    reg = _toy_registry()
+    with pytest.raises(ValueError):
+        reg.add_backend(_Toy())
+    reg.kernel("op", "toy", "p")(lambda: None)
+    with pytest.raises(ValueError):
+        reg.kernel("op", "toy", "p")(lambda: None)
+
+
+def test_available_backends_reports_devices_providers_and_availability():
+    info = pk.available_backends()["cpu"]
+    assert info.available and info.reason is None and info.device_types == ("cpu",)
+    assert "reference" in info.providers["fp8_gemm_nt"]
+
+
+def test_every_contract_has_a_cpu_provider():
+    cpu_ops = set(pk.available_backends()["cpu"].providers)
+    missing = [op for op in pk.contracts() if op not in cpu_ops]
+    assert not missing, f"ops without a cpu provider: {missing}"
+
+
+def test_call_on_backend_without_provider_raises_no_kernel_error(exp_backend):
+    x = randn(2, 64, seed=1)
+    with pk.use_backend(exp_backend), pytest.raises(pk.NoKernelError, match="bf16_gemm_nt"):
+        pk.bf16_gemm_nt(x.bfloat16(), x.bfloat16(), torch.empty(2, 2))
