@@ -91,8 +91,6 @@ _identities: dict[tuple[str, tuple[int, int, int]], str] = {}
 def compiler_identity(path: str, cache_dir: Path | None = None) -> str:
     """The `--version` output of a program, memoized by its real path and stat (and on disk in
     `cache_dir` when given), so a fresh process does not pay a subprocess per cache hit."""
-    import subprocess
-
     real = os.path.realpath(path)
     st = os.stat(real)
     stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -112,6 +110,8 @@ def compiler_identity(path: str, cache_dir: Path | None = None) -> str:
             with _identity_lock:
                 _identities[memo_key] = text
             return text
+    import subprocess
+
     try:
         completed = subprocess.run(
             [path, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
