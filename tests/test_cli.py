@@ -1,0 +1,30 @@
+"""The command line: demo, doctor and conformance."""
+
+from __future__ import annotations
+
+from portable_kernels.__main__ import main
+from portable_kernels.demo import run_demo, runnable_targets
+
+
+def test_demo_prints_a_row_per_runnable_backend(capsys):
+    assert main(["demo", "--m", "8", "--n", "256", "--k", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "fp8_gemm_nt" in out
+    for name, _, _ in runnable_targets():
+        assert f"\n{name} " in out
+
+
+def test_demo_results_are_within_contract():
+    for row in run_demo(m=4, n=128, k=384):
+        assert row.diff_dequantized < 1e-5 and row.diff_unquantized < 2e-3
+
+
+def test_doctor_lists_cpu_and_its_providers(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu: devices ['cpu']" in out and "fp8_gemm_nt: reference" in out
+
+
+def test_conformance_cli_exit_code_reflects_the_report(capsys):
+    assert main(["conformance", "--quick", "--ops", "fp8_gemm_nt", "per_token_cast_to_fp8"]) == 0
+    assert "PASS" in capsys.readouterr().out
