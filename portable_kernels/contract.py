@@ -47,13 +47,41 @@ class Tolerance:
 
 
 @attrs.frozen
+class KernelOperand:
+    """Where one quantized operand travels in a kernel's keyword arguments.
+
+    data, scale, format, granularity: the names of the kernel arguments holding its bytes, its
+    scale storage, its layout format name and its storage granularity. `shape` computes the
+    operand's logical shape from the kernel arguments when the data bytes do not show it (e.g. a
+    tiled format with padding); by default it is the data's shape.
+    """
+
+    data: str
+    scale: str
+    format: str
+    granularity: str
+    shape: Callable[[Mapping[str, Any]], tuple[int, ...]] | None = None
+
+
+@attrs.frozen
 class OpContract:
-    """One op's contract: name, reference math in plain torch, tolerance, quantized arguments."""
+    """One op's contract.
+
+    reference:  the math in plain torch, on logical values
+    tolerance:  calc_diff bounds for conformance
+    quant_args: the quantized arguments of the public function
+    kernel:     the reference kernel — the contract math with the providers' keyword signature,
+                reading the logical layout (fp32 row-major scales); backends wrap it to build
+                layout-checking oracles
+    operands:   where each quantized operand sits in the kernel's arguments
+    """
 
     name: str
     reference: Callable[..., Any]
     tolerance: Tolerance
     quant_args: tuple[QuantArg, ...] = ()
+    kernel: Callable[..., Any] | None = None
+    operands: tuple[KernelOperand, ...] = ()
 
     def quant_arg(self, name: str) -> QuantArg:
         for qa in self.quant_args:

@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 
-from .contract import OpContract, QuantArg, Tolerance, bind, public_op, quant_operand, register_contract
+from .contract import (KernelOperand, OpContract, QuantArg, Tolerance, bind, public_op, quant_operand,
+                       register_contract)
 from .errors import ContractError, format_problem
+from .quantization import dequantize_reference
 from .tensors import PreparedTensor, QuantTensor, describe
 
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -26,11 +28,30 @@ def gemm_reference(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = No
     return out if c is None else out + c.float()
 
 
+def fp8_gemm_nt_kernel(a, sfa, b, sfb, d, c, sfa_format, sfb_format, sfa_granularity, sfb_granularity) -> None:
+    """Reference kernel of fp8_gemm_nt on the logical layout (fp32 row-major scales)."""
+    if d.numel() == 0:
+        return
+    da = dequantize_reference(QuantTensor(a, sfa, sfa_granularity))
+    db = dequantize_reference(QuantTensor(b, sfb, sfb_granularity))
+    d.copy_(gemm_reference(da, db, c))
+
+
+def bf16_gemm_nt_kernel(a, b, d, c) -> None:
+    """Reference kernel of bf16_gemm_nt."""
+    if d.numel() == 0:
+        return
+    d.copy_(gemm_reference(a, b, c))
+
+
+FP8_OPERANDS = (KernelOperand("a", "sfa", "sfa_format", "sfa_granularity"),
+                KernelOperand("b", "sfb", "sfb_format", "sfb_granularity"))
+
 FP8_GEMM_NT = register_contract(OpContract(
     "fp8_gemm_nt", gemm_reference, Tolerance(dequantized=1e-6, unquantized=1e-3),
-    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128)))))
+    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128))), fp8_gemm_nt_kernel, FP8_OPERANDS))
 BF16_GEMM_NT = register_contract(OpContract(
-    "bf16_gemm_nt", gemm_reference, Tolerance(dequantized=1e-6, unquantized=1e-5)))
+    "bf16_gemm_nt", gemm_reference, Tolerance(dequantized=1e-6, unquantized=1e-5), (), bf16_gemm_nt_kernel))
 
 
 def _check_output(op: str, d: Any, c: Any, m: int, n: int, device: torch.device) -> None:

@@ -55,9 +55,11 @@ def dequantize_reference(qt: QuantTensor) -> torch.Tensor:
 
 
 PER_TOKEN_CAST = register_contract(OpContract(
-    "per_token_cast_to_fp8", quantize_blocks_reference, Tolerance(dequantized=0.0, unquantized=1e-3)))
+    "per_token_cast_to_fp8", quantize_blocks_reference, Tolerance(dequantized=0.0, unquantized=1e-3),
+    kernel=quantize_blocks_reference))
 PER_BLOCK_CAST = register_contract(OpContract(
-    "per_block_cast_to_fp8", quantize_blocks_reference, Tolerance(dequantized=0.0, unquantized=1e-3)))
+    "per_block_cast_to_fp8", quantize_blocks_reference, Tolerance(dequantized=0.0, unquantized=1e-3),
+    kernel=quantize_blocks_reference))
 
 
 def _check_float_input(op: str, x: Any, min_dim: int, max_dim: int) -> None:
