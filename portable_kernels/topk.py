@@ -1,0 +1,176 @@
+"""Top-k selection op family (DeepSelect names and argument order): the k largest elements per row.
+
+`topk(input, topk, sorted=False, begin=None, end=None, indices_type=torch.int64, sorted_index=False, *,
+idx_oob_fill_value=2**31-1, value_oob_fill_value=-inf, return_value=True) -> (values | None, indices)`.
+Contract: input bf16/fp32 [b, n]; row i holds end[i] valid elements (its first ones; end=None: all n);
+each row returns min(topk, end[i]) valid selections first, then fill values. The chosen set is any
+set of that size with min(selected) >= max(unselected valid) — ties are broken freely, ±0 compare
+equal, ±inf are ordinary values. Unordered unless `sorted` (values non-increasing) or `sorted_index`
+(indices increasing), never both. NaN policy: a NaN inside a row's valid range is refused with a
+ContractError naming 'input' before anything runs (NaN past end[i] is ignored); this costs one pass
+over the input and a host sync, the price of an exact contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .contract import OpContract, Tolerance, bind, public_op, register_contract
+from .errors import ContractError, format_problem
+from .tensors import describe
+
+INPUT_DTYPES = (torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+END_DTYPE = torch.int32
+#: DeepSelect's largest supported k
+MAX_TOPK = 4096
+DEFAULT_IDX_FILL = 2**31 - 1
+DEFAULT_VALUE_FILL = float("-inf")
+
+
+def topk_reference(input: torch.Tensor, topk: int, end: torch.Tensor | None = None, sorted: bool = False,
+                   sorted_index: bool = False, indices_type: torch.dtype = torch.int64,
+                   idx_oob_fill_value: int = DEFAULT_IDX_FILL, value_oob_fill_value: float = DEFAULT_VALUE_FILL,
+                   return_value: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Reference math: the top `topk` of each row's valid prefix, ties to the smaller index.
+
+    Unordered output is returned in increasing index order (one of the orders the contract allows).
+    """
+    b, n = input.shape
+    device = input.device
+    col = torch.arange(n, device=device)
+    lengths = torch.full((b,), n, dtype=torch.int64, device=device) if end is None else end.to(torch.int64)
+    valid = col[None, :] < lengths[:, None]
+    count = lengths.clamp(max=topk)
+    kk = min(topk, n)
+    idx = torch.zeros(b, kk, dtype=torch.int64, device=device)
+    if kk > 0 and b > 0:
+        keyed = input.float().masked_fill(~valid, float("-inf"))
+        kth = torch.topk(keyed, kk, dim=1).values[:, -1:]
+        above = valid & (keyed > kth)
+        ties = valid & (keyed == kth)
+        need = (count - above.sum(1))[:, None]
+        selected = above | (ties & (torch.cumsum(ties, 1) <= need))
+        # the selected columns in increasing order: largest keys n - col among the selected
+        idx = torch.topk(torch.where(selected, n - col[None, :], 0), kk, dim=1).values.neg_().add_(n)
+        idx.clamp_(max=n - 1)  # unselected slots (key 0) point past the row; they are masked below
+    slot_valid = torch.arange(kk, device=device)[None, :] < count[:, None]
+    if sorted and kk > 0 and b > 0:
+        vals = input.float().gather(1, idx).masked_fill(~slot_valid, float("-inf"))
+        order = torch.sort(vals, dim=1, descending=True, stable=True).indices
+        # valid slots first even where their value is -inf like the empty slots
+        order = order.gather(1, torch.sort(slot_valid.gather(1, order).to(torch.int8), dim=1, descending=True,
+                                           stable=True).indices)
+        idx = idx.gather(1, order)
+    if kk < topk:
+        idx = torch.cat((idx, idx.new_zeros(b, topk - kk)), 1)
+        slot_valid = torch.cat((slot_valid, slot_valid.new_zeros(b, topk - kk)), 1)
+    indices = torch.where(slot_valid, idx, idx_oob_fill_value).to(indices_type)
+    if not return_value:
+        return None, indices
+    fill = torch.full((b, topk), value_oob_fill_value, dtype=input.dtype, device=device)
+    values = torch.where(slot_valid, input.gather(1, idx), fill) if n else fill
+    return values, indices
+
+
+def topk_kernel(input: torch.Tensor, topk: int, end: torch.Tensor | None, sorted: bool, sorted_index: bool,
+                indices_type: torch.dtype, idx_oob_fill_value: int, value_oob_fill_value: float,
+                return_value: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Reference kernel of topk (the providers' keyword signature): returns (values | None, indices)."""
+    return topk_reference(input, topk, end, sorted, sorted_index, indices_type, idx_oob_fill_value,
+                          value_oob_fill_value, return_value)
+
+
+TOPK = register_contract(OpContract("topk", topk_reference, Tolerance(dequantized=0.0), kernel=topk_kernel))
+
+
+def _check_flag(op: str, arg: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ContractError(format_problem(op, arg, repr(value), "a bool", "pass True or False"))
+
+
+def _check_input(op: str, input: Any) -> None:
+    if not isinstance(input, torch.Tensor) or input.dtype not in INPUT_DTYPES or input.dim() != 2:
+        raise ContractError(format_problem(op, "input", describe(input), f"a 2-D tensor [b, n] of dtype {INPUT_DTYPES}",
+                                           "pass scores as bf16 or fp32 [batch, vocab] (x.float() for others)"))
+
+
+def _check_end(op: str, end: Any, b: int, n: int, device: torch.device) -> None:
+    if end is None:
+        return
+    if not isinstance(end, torch.Tensor) or end.dtype != END_DTYPE or tuple(end.shape) != (b,):
+        raise ContractError(format_problem(op, "end", describe(end), f"None or an int32 tensor of shape [b] = [{b}]",
+                                           "pass per-row valid lengths as torch.int32 [batch]"))
+    if end.device != device:
+        raise ContractError(format_problem(op, "end", f"on {end.device}", f"on {device} like input",
+                                           "move end to input's device"))
+    if b and bool(((end < 0) | (end > n)).any()):
+        lo, hi = int(end.min()), int(end.max())
+        raise ContractError(format_problem(op, "end", f"with values in [{lo}, {hi}]", f"values in [0, n = {n}]",
+                                           "clamp the row lengths to the input's width"))
+
+
+def _check_no_nan(op: str, input: torch.Tensor, end: torch.Tensor | None) -> None:
+    nan = torch.isnan(input)
+    if end is not None:
+        nan &= torch.arange(input.shape[1], device=input.device)[None, :] < end[:, None].to(torch.int64)
+    if bool(nan.any()):
+        row, col = (int(v) for v in nan.nonzero()[0])
+        raise ContractError(format_problem(op, "input", f"NaN inside the valid range ({int(nan.sum())} NaN, first at "
+                                           f"[{row}, {col}])", "no NaN in the first end[i] elements of row i",
+                                           "replace NaN before selecting (torch.nan_to_num(x, nan=float('-inf'))) "
+                                           "or exclude those columns with end"))
+
+
+@public_op(TOPK)
+def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: None = None, end: torch.Tensor | None = None,
+         indices_type: torch.dtype = torch.int64, sorted_index: bool = False, *,
+         idx_oob_fill_value: int = DEFAULT_IDX_FILL, value_oob_fill_value: float = DEFAULT_VALUE_FILL,
+         return_value: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The `topk` largest elements of each row (DeepSelect `deep_select.topk`).
+
+    input: bf16 or fp32 [b, n]; topk: int, 1 <= topk <= 4096 (topk > n is allowed: the rest is fill)
+    sorted: values in non-increasing order; sorted_index: indices in increasing order (not both)
+    begin: must be None (DeepSelect does not support it either; kept for its argument order)
+    end: None or int32 [b], 0 <= end[i] <= n: only the first end[i] elements of row i are candidates
+    indices_type: torch.int64 or torch.int32
+    idx_oob_fill_value / value_oob_fill_value: written after the min(topk, end[i]) valid slots
+        (the value fill is stored in input's dtype, rounded as a cast rounds)
+    return_value: False returns (None, indices)
+    Returns (values: input.dtype [b, topk] | None, indices: indices_type [b, topk]); a NaN in a valid
+    range raises ContractError before anything runs.
+    """
+    op = TOPK.name
+    _check_input(op, input)
+    b, n = input.shape
+    if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
+        raise ContractError(format_problem(op, "topk", repr(topk), f"an int in [1, {MAX_TOPK}]",
+                                           f"select at most {MAX_TOPK} elements per row (torch.topk for more)"))
+    for arg, value in (("sorted", sorted), ("sorted_index", sorted_index), ("return_value", return_value)):
+        _check_flag(op, arg, value)
+    if sorted and sorted_index:
+        raise ContractError(format_problem(op, "sorted_index", "True together with sorted=True",
+                                           "at most one of sorted (by value) and sorted_index (by index)",
+                                           "choose one order; sort the other way afterwards if both are needed"))
+    if begin is not None:
+        raise ContractError(format_problem(op, "begin", describe(begin), "None (per-row start offsets are not "
+                                           "supported, as in DeepSelect)", "slice the input, or pass end only"))
+    if indices_type not in INDEX_DTYPES:
+        raise ContractError(format_problem(op, "indices_type", repr(indices_type), f"one of {INDEX_DTYPES}",
+                                           "pass torch.int32 or torch.int64"))
+    info = torch.iinfo(indices_type)
+    if isinstance(idx_oob_fill_value, bool) or not isinstance(idx_oob_fill_value, int) \
+            or not info.min <= idx_oob_fill_value <= info.max:
+        raise ContractError(format_problem(op, "idx_oob_fill_value", repr(idx_oob_fill_value),
+                                           f"an int representable in {indices_type}", "pass e.g. -1 or 2**31 - 1"))
+    if isinstance(value_oob_fill_value, bool) or not isinstance(value_oob_fill_value, (int, float)):
+        raise ContractError(format_problem(op, "value_oob_fill_value", repr(value_oob_fill_value), "a float",
+                                           "pass e.g. float('-inf')"))
+    _check_end(op, end, b, n, input.device)
+    _check_no_nan(op, input, end)
+    call = bind(TOPK, {}, [input, end])
+    return call.run(input=input, topk=topk, end=end, sorted=sorted, sorted_index=sorted_index,
+                    indices_type=indices_type, idx_oob_fill_value=idx_oob_fill_value,
+                    value_oob_fill_value=float(value_oob_fill_value), return_value=return_value)
