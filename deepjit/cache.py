@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ def ensure_root(root: Path, shared: bool = False) -> bool:
         _make_dir(root, shared)
         tag = root / TAG_FILE
         if not tag.exists():
-            partial = root / f".{TAG_FILE}.{os.getpid()}"
+            partial = root / f".{TAG_FILE}.{os.getpid()}.{threading.get_ident()}"
             partial.write_text(TAG_CONTENT)
             os.replace(partial, tag)
     except OSError:
