@@ -88,7 +88,8 @@ def run_demo(m: int = DEMO_SHAPE["m"], n: int = DEMO_SHAPE["n"], k: int = DEMO_S
             d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
             seconds = _time(lambda: fp8_gemm_nt(act, prepared, d))
         out = d.double().cpu()
-        rows.append(DemoRow(name, str(device), _layout_name(prepared.tag),
+        where = str(device) if device.type in registry().backend(name).device_types else f"{device} (emulation)"
+        rows.append(DemoRow(name, where, _layout_name(prepared.tag),
                             calc_diff(out, reference), calc_diff(out, exact), seconds))
     return rows
 

@@ -54,6 +54,10 @@ def encode_for(op: str, arg: str, backend: str, layout: Layout, qt: QuantTensor)
                           ue8m0=qt.ue8m0 or layout.requires_ue8m0, element=qt.element)
 
 
+#: the logical layout's name: data as is, fp32 scales row-major and contiguous
+PLAIN_FORMAT = "fp32-row-major"
+
+
 def plain_layout(backend: str) -> Layout:
     """Data and fp32 scales exactly as the QuantTensor holds them (row-major, contiguous)."""
     def encode(qt: QuantTensor):
@@ -62,4 +66,4 @@ def plain_layout(backend: str) -> Layout:
     def decode(p: PreparedTensor) -> QuantTensor:
         return QuantTensor(p.data, p.scale, p.storage_granularity, p.ue8m0, p.element)
 
-    return Layout("fp32-row-major", encode, decode)
+    return Layout(PLAIN_FORMAT, encode, decode)

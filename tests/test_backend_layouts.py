@@ -1,0 +1,136 @@
+"""The nvidia and ascend plugins: the layouts they declare, their availability reasons, and the
+proof that every format carries the same math (identical results to the cpu reference)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import portable_kernels as pk
+from portable_kernels.layouts import ascend_mx_byte_view
+from portable_kernels.testing.generators import poison, randn
+
+TARGETS = [("cpu", {}), ("nvidia", {"arch": "sm90"}), ("nvidia", {"arch": "sm100"}), ("ascend", {})]
+
+
+def _operands(m=3, n=130, k=512, seed=0):
+    a = pk.per_token_cast_to_fp8(randn(m, k, seed=seed), use_ue8m0=True)
+    b = pk.per_block_cast_to_fp8(randn(n, k, seed=seed + 1, scale=0.05), use_ue8m0=True)
+    return a, b
+
+
+def _prepare(backend, options, a=None, b=None):
+    tensors = {k: v for k, v in (("a", a), ("b", b)) if v is not None}
+    return pk.prepare_inputs(pk.fp8_gemm_nt, backend=backend, **tensors, **options)
+
+
+def test_each_backend_tags_its_own_format():
+    a, b = _operands()
+    formats = {(name, opts.get("arch")): _prepare(name, opts, a, b)["b"].tag.format for name, opts in TARGETS}
+    assert formats == {("cpu", None): "fp32-row-major",
+                       ("nvidia", "sm90"): "sm90-fp32-mn-major-tma",
+                       ("nvidia", "sm100"): "sm100-ue8m0-int32-mn-major-tma",
+                       ("ascend", None): "ascend-mx-ue8m0-int16-mn-major"}
+
+
+def test_scale_bytes_differ_as_the_formats_say():
+    a, b = _operands(m=3, k=512)
+    cpu = _prepare("cpu", {}, a, b)["a"].scale
+    sm90 = _prepare("nvidia", {"arch": "sm90"}, a, b)["a"].scale
+    sm100 = _prepare("nvidia", {"arch": "sm100"}, a, b)["a"].scale
+    ascend = _prepare("ascend", {}, a, b)["a"].scale
+    # cpu: fp32 [3, 4] row-major; sm90: same values, MN-major with rows padded to 4
+    assert cpu.shape == (3, 4) and cpu.stride() == (4, 1)
+    assert sm90.dtype == torch.float32 and sm90.stride() == (1, 4) and torch.equal(sm90, cpu)
+    # sm100: one int32 per row holding the four exponent bytes, little-endian
+    exps = (cpu.view(torch.int32) >> 23).to(torch.uint8)
+    assert sm100.dtype == torch.int32 and sm100.shape == (3, 1) and sm100.stride() == (1, 4)
+    assert torch.equal(sm100.flatten().view(torch.uint8).view(3, 4), exps)
+    # ascend: per-32 exponents, two per int16, MN-major without padding: bytes [K/64, M, 2]
+    assert ascend.dtype == torch.int16 and ascend.shape == (3, 8) and ascend.stride() == (1, 3)
+    as_bytes = ascend_mx_byte_view(ascend).view(torch.uint8)
+    assert as_bytes.shape == (8, 3, 2)
+    assert torch.equal(as_bytes.permute(1, 0, 2).reshape(3, 16), exps.repeat_interleave(4, dim=1))
+
+
+def test_sm100_broadcasts_weight_block_scales_to_rows():
+    a, b = _operands(n=130)
+    prepared = _prepare("nvidia", {"arch": "sm100"}, a, b)["b"]
+    assert prepared.scale.shape == (130, 1) and prepared.storage_granularity == (1, 128)
+    assert prepared.granularity == (128, 128)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_every_format_gives_results_identical_to_the_cpu_reference(out_dtype):
+    a, b = _operands(m=5, n=130, k=300)
+    results = []
+    for name, options in TARGETS:
+        prepared = _prepare(name, options, a, b)
+        d = poison(5, 130, dtype=out_dtype)
+        pk.fp8_gemm_nt(prepared["a"], prepared["b"], d)
+        results.append(d)
+    assert torch.isfinite(results[0].float()).all()
+    for d in results[1:]:
+        assert torch.equal(d, results[0])
+
+
+def test_emulation_needs_an_explicit_choice():
+    a, b = _operands()
+    d = torch.empty(3, 130)
+    pk.fp8_gemm_nt(_prepare("cpu", {}, a, b)["a"], _prepare("cpu", {}, a, b)["b"], d)  # device rule -> cpu
+    with pk.use_backend("nvidia", arch="sm100"):
+        assert pk.per_token_cast_to_fp8(randn(2, 128, seed=3), use_ue8m0=True, prepare_for=pk.fp8_gemm_nt).tag.backend == "nvidia"
+
+
+def test_non_power_of_two_scales_are_refused_by_sm100_and_ascend_but_kept_by_sm90():
+    b = pk.per_block_cast_to_fp8(randn(128, 256, seed=4))
+    assert _prepare("nvidia", {"arch": "sm90"}, None, b)["b"].tag.format.startswith("sm90")
+    for name, options in (("nvidia", {"arch": "sm100"}), ("ascend", {})):
+        with pytest.raises(pk.LayoutError, match="use_ue8m0=True"):
+            pk.prepare_inputs(pk.fp8_gemm_nt, backend=name, b=b, **options)
+
+
+def test_sm100_bytes_called_as_sm90_are_a_layout_error():
+    a, b = _operands()
+    prepared = _prepare("nvidia", {"arch": "sm100"}, a, b)
+    with pk.use_backend("nvidia", arch="sm90"), pytest.raises(pk.LayoutError, match="sm100"):
+        pk.fp8_gemm_nt(prepared["a"], prepared["b"], torch.empty(3, 130))
+
+
+def test_unknown_arch_is_refused():
+    a, b = _operands()
+    with pytest.raises(pk.ContractError, match="arch='sm90'"):
+        _prepare("nvidia", {"arch": "sm80"}, a, b)
+
+
+def test_nvidia_and_ascend_report_why_they_are_unavailable_here():
+    info = pk.available_backends()
+    assert not info["nvidia"].available and "torch.cuda is not available" in info["nvidia"].reason
+    assert not info["ascend"].available and "torch_npu" in info["ascend"].reason
+    assert info["nvidia"].emulation and info["ascend"].emulation
+    assert info["nvidia"].providers["fp8_gemm_nt"] == ("layout-reference",)
+
+
+def test_nvidia_arch_follows_compute_capability():
+    from portable_kernels.backends.nvidia import arch_of_capability
+    assert arch_of_capability(9, 0) == "sm90" and arch_of_capability(10, 0) == "sm100"
+    assert arch_of_capability(8, 0) is None
+
+
+def test_ascend_moe_alignment_is_256_and_nvidia_128():
+    assert pk.registry().backend("ascend").moe_alignment == 256
+    assert pk.registry().backend("nvidia").moe_alignment == 128
+
+
+def test_a_broken_torch_npu_is_a_reason_not_a_crash(tmp_path):
+    fake = tmp_path / "torch_npu"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('libascendcl.so: cannot open shared object file')\n")
+    code = ("import portable_kernels as pk; r = pk.available_backends()['ascend'].reason; "
+            "assert 'libascendcl' in r, r; print('ok')")
+    env = {"PYTHONPATH": str(tmp_path), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
