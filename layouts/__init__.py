@@ -38,6 +38,7 @@ from .fp8_scales import (
     ascend_mx_byte_view,
     ascend_mx_decode,
     ascend_mx_encode,
+    ascend_mx_encode_from_blocks,
     ascend_mx_kmajor_decode,
     ascend_mx_kmajor_encode,
     broadcast_block_scales_to_rows,
@@ -52,6 +53,7 @@ from .fp8_scales import (
     sm90_sfb_encode,
     sm100_ue8m0_decode,
     sm100_ue8m0_encode,
+    sm100_ue8m0_encode_from_blocks,
     tma_aligned_mn,
 )
 from .kv_cache import dequantize_fp8_kv_cache, pack_fp8_kv_cache, unpack_fp8_kv_cache
@@ -107,6 +109,7 @@ __all__ = [
     "ascend_mx_byte_view",
     "ascend_mx_decode",
     "ascend_mx_encode",
+    "ascend_mx_encode_from_blocks",
     "ascend_mx_kmajor_decode",
     "ascend_mx_kmajor_encode",
     "broadcast_block_scales_to_rows",
@@ -121,6 +124,7 @@ __all__ = [
     "sm90_sfb_encode",
     "sm100_ue8m0_decode",
     "sm100_ue8m0_encode",
+    "sm100_ue8m0_encode_from_blocks",
     "tma_aligned_mn",
     # fp4
     "E2M1_VALUES",

@@ -36,9 +36,6 @@ __all__ = [
 # Value of each 4-bit code 0..15 (codes 8..15 are the negatives; 8 is -0.0).
 E2M1_VALUES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                                   -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)  # fmt: skip
-# Midpoints between neighbouring magnitudes; magnitude index = number of midpoints below |x|.
-_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-_SIGN_BIT = 0x8
 _FLOAT_INPUTS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
@@ -52,14 +49,20 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     """
     require_dtype("x", x, _FLOAT_INPUTS, "pass a floating tensor (fp32, fp64, bf16, fp16)")
     work = x if x.dtype == torch.float64 else x.float()  # bf16/fp16 -> fp32 is exact
-    if not bool(torch.isfinite(work).all()):
-        raise LayoutConversionError("e2m1_encode: input contains NaN or inf; E2M1 cannot carry them")
     mag = work.abs()
-    midpoints = torch.tensor(_MIDPOINTS, dtype=work.dtype, device=work.device)
-    down = torch.bucketize(mag, midpoints, right=False)  # a tie counts as below its midpoint
-    up = torch.bucketize(mag, midpoints, right=True)  # a tie counts as above
-    index = torch.where((down != up) & (down % 2 == 1), up, down)  # on a tie keep the even index
-    sign = torch.signbit(work).to(torch.uint8) * _SIGN_BIT
+    top = mag.amax() if mag.numel() else mag.new_zeros(())
+    if not bool(torch.isfinite(top)):  # NaN propagates through amax, inf is the max
+        raise LayoutConversionError("e2m1_encode: input contains NaN or inf; E2M1 cannot carry them")
+    mag = mag.clamp_(max=FP4_E2M1_MAX)
+    # The E2M1 grid has step 0.5 on [0, 2), 1 on [2, 4), 2 on [4, 6]; on each range the magnitude
+    # index is an affine function of |x| / step, and torch.round rounds half to even, which is
+    # "ties to the even code" because every range starts at an even index (0, 4, 6).
+    index = torch.where(
+        mag < 2.0,
+        torch.round(mag * 2.0),
+        torch.where(mag < 4.0, torch.round(mag) + 2.0, torch.round(mag * 0.5) + 4.0),
+    )
+    sign = torch.signbit(work).to(torch.uint8) << 3
     return index.to(torch.uint8) | sign
 
 
@@ -88,10 +91,18 @@ def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
             f"pack_e2m1: last dim must be even to pack two codes per byte, got shape {tuple(codes.shape)}; "
             "pad K to an even length first"
         )
-    # Little-endian int16 view of a pair is c0 + 256*c1; OR-ing in its shift by 4 puts c1 in the
-    # high nibble of the low byte (c0 < 16, so nothing else lands there).
-    pairs = codes.contiguous().view(torch.int16)
-    return (pairs | (pairs >> 4)).to(torch.uint8)
+    # Little-endian, a pair (c0, c1) read as one int16 is c0 + 256*c1; OR-ing in its shift by 4
+    # puts c1 in the high nibble of the low byte (c0 < 16, so nothing else lands there). Reading
+    # four pairs as one int64 does the same for each pair's low byte; the odd bytes are dropped.
+    codes = codes.contiguous()
+    k = codes.shape[-1]
+    wide = torch.int64 if k % 8 == 0 else torch.int16
+    words = codes.view(wide)
+    mixed = words >> 4
+    mixed |= words
+    out = torch.empty((*codes.shape[:-1], k // 2), dtype=torch.uint8, device=codes.device)
+    out.copy_(mixed.view(torch.uint8)[..., 0::2])
+    return out
 
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:

@@ -24,14 +24,16 @@ import torch
 from ._util import align, as_int_bits, ceil_div, require_dtype, require_ndim, require_positive_int
 from .constants import (
     ASCEND_BLOCKS_PER_WORD,
+    FP8_BLOCK_K,
     FP8_BLOCK_MN,
     FP8_E4M3_MAX,
+    MX_BLOCK_K,
     SCALE_AMAX_FLOOR,
     SM100_BLOCKS_PER_WORD,
     TMA_ALIGN_BYTES,
 )
 from .errors import LayoutConversionError
-from .ue8m0 import ceil_to_ue8m0, ue8m0_exponents, ue8m0_to_fp32
+from .ue8m0 import ceil_to_ue8m0, checked_exponents_int32, ue8m0_exponents, ue8m0_to_fp32
 
 __all__ = [
     "fp8_scale_from_amax",
@@ -43,10 +45,12 @@ __all__ = [
     "sm90_sfb_decode",
     "broadcast_block_scales_to_rows",
     "sm100_ue8m0_encode",
+    "sm100_ue8m0_encode_from_blocks",
     "sm100_ue8m0_decode",
     "is_sm100_ue8m0_layout",
     "regranularize_k",
     "ascend_mx_encode",
+    "ascend_mx_encode_from_blocks",
     "ascend_mx_decode",
     "ascend_mx_byte_view",
     "is_ascend_mx_layout",
@@ -84,26 +88,32 @@ def _as_grouped(name: str, sf: torch.Tensor, dtypes: tuple[torch.dtype, ...], fi
 
 
 def _mn_major_words(
-    e: torch.Tensor, per_word: int, word_dtype: torch.dtype, mn_stride: int
+    e: torch.Tensor, per_word: int, word_dtype: torch.dtype, mn: int, mn_stride: int, row_block: int = 1
 ) -> torch.Tensor:
-    """Pack uint8 exponents e [G, MN, KB] into words [G, MN, ceil(KB/per_word)], MN-major.
+    """Pack exponents e (int32 or uint8) [G, R, KB] into words [G, mn, ceil(KB/per_word)], MN-major.
 
-    Word (p, m) of group g holds e[g, m, per_word*p + j] in byte j (little-endian) and lives at
-    element g*mn_stride*P + p*mn_stride + m. Pad rows (m >= MN) and missing trailing blocks are 0.
+    Row n of the result uses e[:, n // row_block] (row_block = 1: one exponent row per row), so
+    block scales are broadcast while packing. Word (n, p) of group g holds e[g, n // row_block,
+    per_word*p + j] in byte j (little-endian) and lives at element g*mn_stride*P + p*mn_stride + n.
+    Pad rows (n >= mn) and missing trailing blocks are 0.
     """
-    g, mn, kb = e.shape
+    g, rows, kb = e.shape
     words = ceil_div(kb, per_word)
-    storage = torch.empty((g, words, mn_stride, per_word), dtype=torch.uint8, device=e.device)
-    storage[:, :, mn:, :].zero_()
-    full, rest = divmod(kb, per_word)
-    e = e.contiguous()
+    # Row-major words first: narrowing to bytes and padding K to whole words in one copy.
+    row_bytes = torch.empty((g, rows, words * per_word), dtype=torch.uint8, device=e.device)
+    row_bytes[:, :, :kb].copy_(e)
+    row_bytes[:, :, kb:].zero_()
+    by_word = row_bytes.view(word_dtype).transpose(1, 2)  # [G, words, R]
+    # Then one transposing (and, for block scales, broadcasting) copy into the MN-major storage.
+    storage = torch.empty((g, words, mn_stride), dtype=word_dtype, device=e.device)
+    storage[:, :, mn:].zero_()
+    full, rest = divmod(mn, row_block)
     if full:
-        storage[:, :full, :mn, :].copy_(e[:, :, : full * per_word].view(g, mn, full, per_word).transpose(1, 2))
+        dst = storage[:, :, : full * row_block].unflatten(-1, (full, row_block))
+        dst.copy_(by_word[:, :, :full, None].expand(g, words, full, row_block))
     if rest:
-        storage[:, full, :mn, :rest].copy_(e[:, :, full * per_word :])
-        storage[:, full, :mn, rest:].zero_()
-    packed = storage.view(word_dtype).squeeze(-1)  # [G, words, mn_stride]
-    return packed[:, :, :mn].transpose(1, 2)
+        storage[:, :, full * row_block : mn].copy_(by_word[:, :, full : full + 1].expand(g, words, rest))
+    return storage[:, :, :mn].transpose(1, 2)
 
 
 def _mn_major_exponents(
@@ -194,20 +204,24 @@ def sm90_sfb_decode(t: torch.Tensor) -> torch.Tensor:
     return sm90_sfb_encode(t)
 
 
+def _check_block_rows(sf: torch.Tensor, mn: int, block_mn: int) -> None:
+    require_positive_int("block_mn", block_mn)
+    if isinstance(mn, bool) or not isinstance(mn, int) or mn < 0:
+        raise LayoutConversionError(f"mn must be an int >= 0, got {mn!r}")
+    if sf.shape[-2] != ceil_div(mn, block_mn):
+        raise LayoutConversionError(
+            f"sf has {sf.shape[-2]} block rows but mn={mn} with block_mn={block_mn} needs {ceil_div(mn, block_mn)}"
+        )
+
+
 def broadcast_block_scales_to_rows(sf: torch.Tensor, mn: int, block_mn: int = FP8_BLOCK_MN) -> torch.Tensor:
     """Per-row scales from per-(block_mn x K-block) scales: `[(G,) ceil(MN/block), kb] -> [(G,) MN, kb]`.
 
     Row n takes block n // block_mn (SM100 and Ascend carry one scale per row). Exact for any dtype.
     Example MN = 130, block 128: rows 0..127 take block row 0, rows 128 and 129 take block row 1.
     """
-    require_positive_int("block_mn", block_mn)
-    if isinstance(mn, bool) or not isinstance(mn, int) or mn < 0:
-        raise LayoutConversionError(f"mn must be an int >= 0, got {mn!r}")
     require_ndim("sf", sf, (2, 3), "[ceil(MN/block), num_k_blocks] or [G, ceil(MN/block), num_k_blocks]")
-    if sf.shape[-2] != ceil_div(mn, block_mn):
-        raise LayoutConversionError(
-            f"sf has {sf.shape[-2]} block rows but mn={mn} with block_mn={block_mn} needs {ceil_div(mn, block_mn)}"
-        )
+    _check_block_rows(sf, mn, block_mn)
     rows = torch.arange(mn, device=sf.device) // block_mn
     return sf.index_select(-2, rows)
 
@@ -233,7 +247,22 @@ def sm100_ue8m0_encode(sf: torch.Tensor) -> torch.Tensor:
               word m=0          | word m=1          | word m=2          | pad row
     """
     s, grouped = _as_grouped("sf", sf, (torch.float32,), _FP32_FIX)
-    out = _mn_major_words(ue8m0_exponents(s), SM100_BLOCKS_PER_WORD, torch.int32, tma_aligned_mn(s.shape[1]))
+    mn = s.shape[1]
+    out = _mn_major_words(checked_exponents_int32(s), SM100_BLOCKS_PER_WORD, torch.int32, mn, tma_aligned_mn(mn))
+    return out if grouped else out[0]
+
+
+def sm100_ue8m0_encode_from_blocks(sf: torch.Tensor, mn: int, block_mn: int = FP8_BLOCK_MN) -> torch.Tensor:
+    """SM100 scales straight from (block_mn x 128) block scales `[(G,) ceil(MN/block_mn), sf_k]`.
+
+    Same result as `sm100_ue8m0_encode(broadcast_block_scales_to_rows(sf, mn, block_mn))`, but the
+    power-of-two check and packing run on the small block tensor and the broadcast happens in the
+    final copy (the weight path at ingest).
+    """
+    s, grouped = _as_grouped("sf", sf, (torch.float32,), _FP32_FIX)
+    _check_block_rows(s, mn, block_mn)
+    e = checked_exponents_int32(s)
+    out = _mn_major_words(e, SM100_BLOCKS_PER_WORD, torch.int32, mn, tma_aligned_mn(mn), block_mn)
     return out if grouped else out[0]
 
 
@@ -321,7 +350,24 @@ def ascend_mx_encode(sf32: torch.Tensor) -> torch.Tensor:
         p = 3: e01.., p = 4, 5: e02 .., p = 6, 7: e03 ..
     """
     s, grouped = _as_grouped("sf32", sf32, (torch.float32,), _FP32_FIX)
-    out = _mn_major_words(ue8m0_exponents(s), ASCEND_BLOCKS_PER_WORD, torch.int16, s.shape[1])
+    mn = s.shape[1]
+    out = _mn_major_words(checked_exponents_int32(s), ASCEND_BLOCKS_PER_WORD, torch.int16, mn, mn)
+    return out if grouped else out[0]
+
+
+def ascend_mx_encode_from_blocks(
+    sf: torch.Tensor, mn: int, k: int, block_mn: int = FP8_BLOCK_MN, block_k: int = FP8_BLOCK_K
+) -> torch.Tensor:
+    """Ascend MX scales straight from (block_mn x block_k) power-of-two scales `[(G,) ceil(MN/block_mn), ceil(K/block_k)]`.
+
+    Same result as `ascend_mx_encode(regranularize_k(broadcast_block_scales_to_rows(sf, mn, block_mn),
+    k, block_k, 32))`; block_k must be a multiple of 32. Use block_mn = 1 for (1, 128) activation
+    scales. The check, K refinement and packing run on the small block tensor.
+    """
+    s, grouped = _as_grouped("sf", sf, (torch.float32,), _FP32_FIX)
+    _check_block_rows(s, mn, block_mn)
+    e32 = regranularize_k(checked_exponents_int32(s), k, block_k, MX_BLOCK_K)
+    out = _mn_major_words(e32, ASCEND_BLOCKS_PER_WORD, torch.int16, mn, mn, block_mn)
     return out if grouped else out[0]
 
 

@@ -44,23 +44,42 @@ def nz_shape(m: int, n: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
     return (ceil_div(n, c0), ceil_div(m, NZ_FRACTAL_ROWS), NZ_FRACTAL_ROWS, c0)
 
 
+def _as_units(x: torch.Tensor, row_bytes: int) -> torch.Tensor:
+    """View `x` in the widest integer unit (8, 4, 2 or 1 bytes) that divides a row and that its strides allow.
+
+    Moving 32-byte tile rows as four int64 instead of 32 bytes makes the copies several times faster;
+    the bytes are the same.
+    """
+    for unit in (torch.int64, torch.int32, torch.int16):
+        size = torch.empty((), dtype=unit).element_size()
+        if size <= x.element_size() or row_bytes % size:
+            continue
+        try:
+            return x.view(unit)
+        except RuntimeError:  # last dim not contiguous, or an offset/stride not a multiple of the unit
+            continue
+    return as_int_bits(x)
+
+
 def nd_to_nz(x: torch.Tensor) -> torch.Tensor:
     """ND `[..., M, N]` -> NZ `[..., ceil(N/C0), ceil(M/16), 16, C0]`, contiguous, padding zero."""
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
         raise LayoutConversionError("nd_to_nz expects a tensor [..., M, N] with at least 2 dims")
     *lead, m, n = x.shape
     n1, m1, rows, c0 = nz_shape(m, n, x.dtype)
-    bits = as_int_bits(x)
-    out = torch.empty((*lead, n1, m1 * rows, c0), dtype=bits.dtype, device=x.device)
+    units = _as_units(x, n * x.element_size())
+    unit_size = units.element_size()
+    cw, nw = NZ_FRACTAL_BYTES // unit_size, n * x.element_size() // unit_size  # tile width, row width in units
+    out = torch.empty((*lead, n1, m1 * rows, cw), dtype=units.dtype, device=x.device)
     out[..., m:, :].zero_()
-    full, rest = divmod(n, c0)
+    full, rest = divmod(nw, cw)
     if full:
-        src = bits[..., : full * c0].unflatten(-1, (full, c0)).transpose(-3, -2)  # [..., full, M, C0]
+        src = units[..., : full * cw].unflatten(-1, (full, cw)).transpose(-3, -2)  # [..., full, M, cw]
         out[..., :full, :m, :].copy_(src)
     if rest:
-        out[..., full, :m, :rest].copy_(bits[..., full * c0 :])
+        out[..., full, :m, :rest].copy_(units[..., full * cw :])
         out[..., full, :m, rest:].zero_()
-    return out.view(*lead, n1, m1, rows, c0).view(x.dtype)
+    return out.view(x.dtype).view(*lead, n1, m1, rows, c0)
 
 
 def nz_to_nd(x: torch.Tensor, m: int, n: int) -> torch.Tensor:
@@ -76,11 +95,14 @@ def nz_to_nd(x: torch.Tensor, m: int, n: int) -> torch.Tensor:
             f"NZ tensor has trailing shape {tuple(x.shape[-4:])} but M={m}, N={n}, dtype {x.dtype} need {expected}"
         )
     *lead, n1, m1, rows, c0 = x.shape
-    src = as_int_bits(x).reshape(*lead, n1, m1 * rows, c0)
-    out = torch.empty((*lead, m, n), dtype=src.dtype, device=x.device)
-    full, rest = divmod(n, c0)
+    src = _as_units(x, n * x.element_size())
+    cw = src.shape[-1]
+    src = src.reshape(*lead, n1, m1 * rows, cw)
+    nw = n * x.element_size() // src.element_size()
+    out = torch.empty((*lead, m, nw), dtype=src.dtype, device=x.device)
+    full, rest = divmod(nw, cw)
     if full:
-        out[..., : full * c0].unflatten(-1, (full, c0)).copy_(src[..., :full, :m, :].transpose(-3, -2))
+        out[..., : full * cw].unflatten(-1, (full, cw)).copy_(src[..., :full, :m, :].transpose(-3, -2))
     if rest:
-        out[..., full * c0 :].copy_(src[..., full, :m, :rest])
+        out[..., full * cw :].copy_(src[..., full, :m, :rest])
     return out.view(x.dtype)

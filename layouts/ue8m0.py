@@ -30,6 +30,25 @@ def _fp32_bits(name: str, sf: torch.Tensor) -> torch.Tensor:
     return sf.view(torch.int32)
 
 
+def _pow2_exponents(sf: torch.Tensor) -> torch.Tensor | None:
+    """int32 exponent of every element if all are positive normal powers of two, else None.
+
+    Checked with two min/max reductions instead of boolean tensors (faster on CPU): the mantissa
+    bits must all be 0 and the arithmetic-shifted exponent (negative when the sign bit is set) must
+    lie in [1, 254].
+    """
+    bits = _fp32_bits("sf", sf)
+    exponent = bits >> 23
+    if bits.numel() == 0:
+        return exponent
+    if int((bits & _MANTISSA_MASK).amax()) != 0:
+        return None
+    low, high = torch.aminmax(exponent)
+    if int(low) < _EXP_MIN or int(high) > _EXP_MAX:
+        return None
+    return exponent
+
+
 def is_power_of_two(sf: torch.Tensor) -> bool:
     """True when every element of the fp32 tensor `sf` is a positive, finite, normal power of two.
 
@@ -41,12 +60,15 @@ def is_power_of_two(sf: torch.Tensor) -> bool:
     >>> is_power_of_two(torch.tensor([1.5])), is_power_of_two(torch.tensor([-2.0])), is_power_of_two(torch.tensor([0.0]))
     (False, False, False)
     """
-    bits = _fp32_bits("sf", sf)
-    if bits.numel() == 0:
-        return True
-    exponent = bits >> 23  # sign bit is checked below, so an arithmetic shift is fine
-    ok = ((bits & _MANTISSA_MASK) == 0) & (exponent >= _EXP_MIN) & (exponent <= _EXP_MAX)
-    return bool(ok.all())
+    return _pow2_exponents(sf) is not None
+
+
+def checked_exponents_int32(sf: torch.Tensor) -> torch.Tensor:
+    """int32 exponents of power-of-two fp32 scales (for packers that narrow while copying); raises otherwise."""
+    exponent = _pow2_exponents(sf)
+    if exponent is None:
+        raise LayoutConversionError(f"cannot store fp32 scales as UE8M0 exponents: {_NOT_POW2_FIX}")
+    return exponent
 
 
 def ceil_to_ue8m0(sf: torch.Tensor) -> torch.Tensor:
@@ -81,9 +103,7 @@ def ue8m0_exponents(sf: torch.Tensor) -> torch.Tensor:
     Raises LayoutConversionError if any scale is not a positive finite power of two, because storing
     only the exponent would silently change it. Example: [1.0, 2.0, 0.5, 2^-126] -> [127, 128, 126, 1].
     """
-    if not is_power_of_two(sf):
-        raise LayoutConversionError(f"cannot store fp32 scales as UE8M0 exponents: {_NOT_POW2_FIX}")
-    return (sf.view(torch.int32) >> 23).to(torch.uint8)
+    return checked_exponents_int32(sf).to(torch.uint8)
 
 
 def ue8m0_to_fp32(e: torch.Tensor) -> torch.Tensor:

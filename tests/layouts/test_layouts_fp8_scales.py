@@ -13,6 +13,7 @@ from portable_kernels.layouts import (
     ascend_mx_byte_view,
     ascend_mx_decode,
     ascend_mx_encode,
+    ascend_mx_encode_from_blocks,
     ascend_mx_kmajor_decode,
     ascend_mx_kmajor_encode,
     broadcast_block_scales_to_rows,
@@ -27,6 +28,7 @@ from portable_kernels.layouts import (
     sm90_sfb_encode,
     sm100_ue8m0_decode,
     sm100_ue8m0_encode,
+    sm100_ue8m0_encode_from_blocks,
 )
 
 FAST = settings(max_examples=40, deadline=None)
@@ -194,11 +196,25 @@ def test_sm100_decode_refuses_nonzero_bytes_past_num_k_blocks():
         sm100_ue8m0_decode(packed, 7)
 
 
+@FAST
+@given(g=groups, mn=st.integers(1, 300), block_mn=st.sampled_from([1, 2, 128]), kb=k_blocks, seed=seeds)
+def test_sm100_from_blocks_equals_broadcast_then_encode(g, mn, block_mn, kb, seed):
+    blocks = random_pow2_scales(_shape(g, (mn + block_mn - 1) // block_mn, kb), seed)
+    fused = sm100_ue8m0_encode_from_blocks(blocks, mn, block_mn)
+    plain = sm100_ue8m0_encode(broadcast_block_scales_to_rows(blocks, mn, block_mn))
+    assert fused.stride() == plain.stride() and storage_bytes(fused) == storage_bytes(plain)
+
+
+def test_sm100_from_blocks_refuses_non_power_of_two():
+    with pytest.raises(LayoutConversionError, match="powers of two"):
+        sm100_ue8m0_encode_from_blocks(random_scales((2, 3)), 256)
+
+
 def test_sm100_large_grouped_weight_scales_encode_quickly():
     # 256 experts of a 7168 x 2048 weight: 128x128 block scales [256, 56, 16] -> per row [256, 7168, 16]
     blocks = random_pow2_scales((256, 56, 16))
     start = time.perf_counter()
-    packed = sm100_ue8m0_encode(broadcast_block_scales_to_rows(blocks, 7168))
+    packed = sm100_ue8m0_encode_from_blocks(blocks, 7168)
     elapsed = time.perf_counter() - start
     assert packed.shape == (256, 7168, 4) and is_sm100_ue8m0_layout(packed)
     assert same_bits(sm100_ue8m0_decode(packed[255], 16)[7000], blocks[255, 7000 // 128])
@@ -307,6 +323,31 @@ def test_ascend_byte_view_refuses_other_strides():
 def test_ascend_refuses_non_power_of_two_scales():
     with pytest.raises(LayoutConversionError, match="powers of two"):
         ascend_mx_encode(random_scales((4, 4)))
+
+
+@FAST
+@given(
+    g=groups,
+    mn=st.integers(1, 300),
+    block_mn=st.sampled_from([1, 3, 128]),
+    k=st.integers(1, 1100),
+    block_k=st.sampled_from([32, 64, 128]),
+    seed=seeds,
+)
+def test_ascend_from_blocks_equals_broadcast_refine_then_encode(g, mn, block_mn, k, block_k, seed):
+    blocks = random_pow2_scales(_shape(g, (mn + block_mn - 1) // block_mn, (k + block_k - 1) // block_k), seed)
+    fused = ascend_mx_encode_from_blocks(blocks, mn, k, block_mn, block_k)
+    rows = broadcast_block_scales_to_rows(blocks, mn, block_mn)
+    plain = ascend_mx_encode(regranularize_k(rows, k, block_k, 32))
+    assert fused.stride() == plain.stride() and storage_bytes(fused) == storage_bytes(plain)
+
+
+def test_ascend_large_weight_scales_from_blocks():
+    # 32 experts of a 2048 x 7168 weight: [32, 16, 56] -> int16 [32, 2048, 112]
+    blocks = random_pow2_scales((32, 16, 56))
+    packed = ascend_mx_encode_from_blocks(blocks, 2048, 7168)
+    assert packed.shape == (32, 2048, 112) and is_ascend_mx_layout(packed)
+    assert same_bits(ascend_mx_decode(packed[31], 224)[2047, ::4], blocks[31, 15])
 
 
 def test_ascend_large_activation_scales_encode_quickly():
