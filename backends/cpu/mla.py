@@ -1,0 +1,14 @@
+"""cpu provider "reference" for the MLA decode family: the contracts' reference kernels (the
+contract math in fp32; no tile scheduler, so the metadata is the trivial one)."""
+
+from __future__ import annotations
+
+from portable_kernels.mla import FLASH_MLA_WITH_KVCACHE, GET_MLA_METADATA
+from portable_kernels.registry import Registry
+
+from ._names import BACKEND, REFERENCE
+
+
+def register(registry: Registry) -> None:
+    for contract in (GET_MLA_METADATA, FLASH_MLA_WITH_KVCACHE):
+        registry.kernel(contract.name, BACKEND, REFERENCE)(contract.kernel)

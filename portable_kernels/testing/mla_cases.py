@@ -1,0 +1,253 @@
+"""Conformance cases for get_mla_metadata and flash_mla_with_kvcache, and the paged-cache builder
+tests share: per-sequence KV scattered over randomly assigned cache blocks, every unused slot NaN
+(0xFF bytes in the FP8 cache) and every unused block_table entry a huge index, so a kernel that
+reads outside the valid slots shows it in its output."""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import attrs
+import torch
+
+from ..layouts.constants import KV_FP8_BYTES_PER_TOKEN, KV_LATENT_DIM
+from ..layouts.kv_cache import dequantize_fp8_kv_cache, pack_fp8_kv_cache
+from ..mla import (FLASH_MLA_WITH_KVCACHE, HEAD_DIM_V, INVALID_INDEX, LSE_ABS_TOL, LSE_REL_TOL, OUT_ABS_TOL,
+                   OUT_REL_TOL, MlaMetadata, flash_mla_with_kvcache, get_mla_metadata, mla_decode_reference)
+from ..registry import forced_backend
+from ..tensors import cdiv
+from .checks import assert_close
+from .core import Case, CaseFailure, conformance_cases
+from .generators import generator, poison, randn
+
+#: what unused block_table entries hold (an index far past any cache)
+UNUSED_BLOCK_ENTRY = 2 ** 31 - 1
+#: what unused FP8 cache bytes hold: 0xFF is NaN as e4m3, as fp32 scale and as bf16 RoPE
+FP8_POISON_BYTE = 0xFF
+
+
+@attrs.frozen(eq=False)
+class PagedKV:
+    """A paged KV cache and the per-sequence values it holds.
+
+    k_cache:       bf16 [num_blocks, block_size, h_kv, d] or uint8 [num_blocks, block_size, 1, 656]
+    block_table:   int32 [b, max_blocks]; cache_seqlens: int32 [b]
+    sequences:     fp32 [s_k, h_kv, d] per sequence: the values a kernel reads (FP8 tokens dequantized)
+    """
+
+    k_cache: torch.Tensor
+    block_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    sequences: tuple[torch.Tensor, ...]
+    is_fp8: bool
+
+    def to(self, device: torch.device | str) -> "PagedKV":
+        return PagedKV(self.k_cache.to(device), self.block_table.to(device), self.cache_seqlens.to(device),
+                       self.sequences, self.is_fp8)
+
+
+def build_paged_cache(sequences: Sequence[torch.Tensor], block_size: int, *, seed: int, fp8: bool = False,
+                      spare_blocks: int = 2, spare_columns: int = 1) -> PagedKV:
+    """Scatter per-sequence KV (each [s_k, h_kv, d], the same h_kv and d) over a paged cache.
+
+    Blocks are assigned in a seeded random order; `spare_blocks` extra blocks stay unused and the
+    table gets `spare_columns` extra columns. With `fp8`, tokens (h_kv = 1, d = 576) are packed into
+    the 656-byte FP8 format. Unused slots are NaN, unused table entries UNUSED_BLOCK_ENTRY.
+    """
+    h_kv, d = sequences[0].shape[1:]
+    lengths = [int(s.shape[0]) for s in sequences]
+    counts = [cdiv(n, block_size) for n in lengths]
+    num_blocks = max(1, sum(counts) + spare_blocks)
+    order = torch.randperm(num_blocks, generator=generator(seed))
+    table = torch.full((len(sequences), max(counts, default=0) + spare_columns), UNUSED_BLOCK_ENTRY,
+                       dtype=torch.int32)
+    if fp8:
+        cache = torch.full((num_blocks, block_size, 1, KV_FP8_BYTES_PER_TOKEN), FP8_POISON_BYTE, dtype=torch.uint8)
+    else:
+        cache = torch.full((num_blocks, block_size, h_kv, d), float("nan"), dtype=torch.bfloat16)
+    flat = cache.view(num_blocks * block_size, *cache.shape[2:])
+    held, start = [], 0
+    for i, (seq, n, count) in enumerate(zip(sequences, lengths, counts)):
+        blocks = order[start:start + count]
+        start += count
+        table[i, :count] = blocks.to(torch.int32)
+        t = torch.arange(n)
+        slots = blocks[t // block_size] * block_size + t % block_size
+        if fp8:
+            tokens = pack_fp8_kv_cache(seq[..., :KV_LATENT_DIM], seq[..., KV_LATENT_DIM:].to(torch.bfloat16))
+            values = dequantize_fp8_kv_cache(tokens, torch.float32)
+        else:
+            tokens = seq.to(torch.bfloat16)
+            values = tokens.float()
+        flat[slots] = tokens
+        held.append(values)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    return PagedKV(cache, table, seqlens, tuple(held), fp8)
+
+
+def random_kv(lengths: Sequence[int], h_kv: int, d: int, *, seed: int) -> list[torch.Tensor]:
+    """bf16 per-sequence KV [s_k, h_kv, d] with fresh normal values."""
+    return [randn(n, h_kv, d, seed=seed + i, dtype=torch.bfloat16) for i, n in enumerate(lengths)]
+
+
+def random_indices(paged: PagedKV, s_q: int, topk: int, *, seed: int,
+                   invalid_fraction: float = 0.25) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse indices int32 [b, s_q, topk] (absolute slots of random valid tokens, a fraction -1)
+    and the token positions they point at (int64, -1 where invalid). Empty sequences get only -1."""
+    g = generator(seed)
+    b = paged.block_table.shape[0]
+    block_size = paged.k_cache.shape[1]
+    lengths = paged.cache_seqlens.long().view(b, 1, 1)
+    pos = (torch.rand(b, s_q, topk, generator=g) * lengths).long().clamp(min=0)
+    valid = (lengths > 0) & (torch.rand(b, s_q, topk, generator=g) >= invalid_fraction)
+    pos = torch.where(valid, torch.minimum(pos, lengths - 1), INVALID_INDEX)
+    column = torch.where(valid, pos // block_size, 0).view(b, -1)
+    blocks = paged.block_table.long().gather(1, column).view(b, s_q, topk)
+    slots = torch.where(valid, blocks * block_size + pos % block_size, INVALID_INDEX)
+    return slots.to(torch.int32), pos
+
+
+# -- checks -------------------------------------------------------------------------------------------
+
+def assert_allclose(got: torch.Tensor, want: torch.Tensor, abs_tol: float, rel_tol: float, what: str) -> float:
+    """|got - want| <= abs_tol + rel_tol·|want| elementwise, with equal non-finite positions; returns
+    the largest absolute difference over the finite positions."""
+    got, want = got.detach().cpu().double(), want.detach().cpu().double()
+    bad_got, bad_want = ~torch.isfinite(got), ~torch.isfinite(want)
+    same_bad = torch.equal(bad_got, bad_want) and torch.equal(got[bad_got].nan_to_num(0.0),
+                                                              want[bad_want].nan_to_num(0.0))
+    if not same_bad:
+        raise CaseFailure(f"{what}: non-finite positions differ from the reference "
+                          f"({int(bad_got.sum())} vs {int(bad_want.sum())}; NaN means unwritten or a leaked NaN)")
+    diff = (got - want).abs().nan_to_num(0.0)
+    over = diff > abs_tol + rel_tol * want.abs().nan_to_num(0.0)
+    if bool(over.any()):
+        raise CaseFailure(f"{what}: {int(over.sum())} elements outside abs {abs_tol:.1e} + rel {rel_tol:.3g}·|ref| "
+                          f"(max abs diff {float(diff.max()):.3e})")
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def check_decode(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor) -> float:
+    """The contract's bounds on (out, lse) against an fp64 reference of the same math; returns out's
+    calc_diff. out: calc_diff <= 5e-6 and abs 8e-4 + rel 2.01/128; lse: abs 1e-6 + rel 8.01/65536."""
+    assert_allclose(out, ref_out, OUT_ABS_TOL, OUT_REL_TOL, "out")
+    assert_allclose(lse, ref_lse, LSE_ABS_TOL, LSE_REL_TOL, "lse")
+    return assert_close(out, ref_out, FLASH_MLA_WITH_KVCACHE.tolerance.dequantized, "out vs fp64 reference")
+
+
+# -- cases --------------------------------------------------------------------------------------------
+
+@attrs.frozen
+class DecodeShape:
+    lengths: tuple[int, ...]
+    s_q: int
+    h_q: int
+    h_kv: int = 1
+    d: int = 576
+    block_size: int = 64
+    causal: bool = False
+    fp8: bool = False
+    topk: int | None = None
+    softmax_scale: float | None = None
+
+    def label(self) -> str:
+        mode = f"sparse topk={self.topk}" if self.topk else ("causal" if self.causal else "dense")
+        cache = "fp8" if self.fp8 else "bf16"
+        scale = "" if self.softmax_scale is None else f" scale={self.softmax_scale}"
+        return (f"{mode} {cache} s_k={list(self.lengths)} s_q={self.s_q} h_q={self.h_q} h_kv={self.h_kv} "
+                f"d={self.d} block={self.block_size}{scale}")
+
+
+QUICK_SHAPES = [
+    DecodeShape((70, 0, 1, 130), s_q=1, h_q=16),
+    DecodeShape((33, 64, 5), s_q=2, h_q=8, h_kv=2, d=512, block_size=16, causal=True),
+    DecodeShape((3, 90), s_q=4, h_q=4, block_size=32, causal=True, softmax_scale=0.02),
+    DecodeShape((65, 0, 17), s_q=1, h_q=16, fp8=True),
+    DecodeShape((100, 0, 7), s_q=2, h_q=16, fp8=True, topk=32, block_size=16),
+]
+FULL_SHAPES = QUICK_SHAPES + [
+    DecodeShape((1000, 4096, 1, 2047), s_q=1, h_q=128),
+    DecodeShape((515, 64, 2000), s_q=2, h_q=64, causal=True),
+    DecodeShape((300, 4096, 0, 1500), s_q=2, h_q=128, fp8=True),
+    DecodeShape((4096, 2048, 130), s_q=2, h_q=128, fp8=True, topk=2048),
+    DecodeShape((777, 33, 64), s_q=3, h_q=32, h_kv=4, d=512, block_size=64, causal=True),
+]
+
+
+def _decode_case(shape: DecodeShape, seed: int, device: torch.device) -> float:
+    sequences = random_kv(shape.lengths, shape.h_kv, shape.d, seed=seed)
+    paged = build_paged_cache(sequences, shape.block_size, seed=seed, fp8=shape.fp8)
+    indices = None
+    if shape.topk:
+        indices = random_indices(paged, shape.s_q, shape.topk, seed=seed + 1)[0]
+    b = len(shape.lengths)
+    q = randn(b, shape.s_q, shape.h_q, shape.d, seed=seed + 2, dtype=torch.bfloat16)
+    dev = paged.to(device)
+    meta, num_splits = get_mla_metadata(dev.cache_seqlens, shape.s_q * shape.h_q // shape.h_kv, shape.h_kv,
+                                        shape.h_q, shape.fp8, shape.topk)
+    out = poison(b, shape.s_q, shape.h_q, HEAD_DIM_V, dtype=torch.bfloat16, device=device)
+    lse = poison(b, shape.h_q, shape.s_q, dtype=torch.float32, device=device)
+    got_out, got_lse = flash_mla_with_kvcache(
+        q.to(device), dev.k_cache, dev.block_table, dev.cache_seqlens, HEAD_DIM_V, meta, num_splits,
+        softmax_scale=shape.softmax_scale, causal=shape.causal, is_fp8_kvcache=shape.fp8,
+        indices=None if indices is None else indices.to(device), out=out, lse=lse)
+    if got_out is not out or got_lse is not lse:
+        raise CaseFailure("flash_mla_with_kvcache did not return the out/lse buffers it was given")
+    scale = shape.softmax_scale if shape.softmax_scale is not None else shape.d ** -0.5
+    ref_out, ref_lse = mla_decode_reference(q, paged.k_cache, paged.block_table, paged.cache_seqlens, HEAD_DIM_V,
+                                            scale, shape.causal, shape.fp8, indices, dtype=torch.float64)
+    error = check_decode(out, lse, ref_out, ref_lse)
+    if shape.fp8:
+        # the same pages in bf16: the error of FP8 storage itself, reported against the unquantized KV
+        plain = build_paged_cache(sequences, shape.block_size, seed=seed)
+        unq_out, _ = mla_decode_reference(q, plain.k_cache, plain.block_table, plain.cache_seqlens, HEAD_DIM_V,
+                                          scale, shape.causal, False, indices, dtype=torch.float64)
+        assert_close(out, unq_out, FLASH_MLA_WITH_KVCACHE.tolerance.unquantized, "out vs unquantized KV")
+    return error
+
+
+@conformance_cases("flash_mla_with_kvcache")
+def flash_mla_cases(quick: bool) -> list[Case]:
+    cases = []
+    for i, shape in enumerate(QUICK_SHAPES if quick else FULL_SHAPES):
+        seed = 4000 + 10 * i
+        cases.append(Case("flash_mla_with_kvcache", shape.label(), seed, functools.partial(_decode_case, shape, seed)))
+    return cases
+
+
+def _metadata_case(lengths: tuple[int, ...], s_q: int, h_q: int, topk: int | None, seed: int,
+                   device: torch.device) -> float:
+    fp8 = topk is not None
+    paged = build_paged_cache(random_kv(lengths, 1, 576, seed=seed), 64, seed=seed, fp8=fp8).to(device)
+    meta, num_splits = get_mla_metadata(paged.cache_seqlens, s_q * h_q, 1, h_q, fp8, topk)
+    if not isinstance(meta, MlaMetadata):
+        raise CaseFailure(f"get_mla_metadata returned {type(meta).__name__}, not MlaMetadata")
+    forced = forced_backend()
+    if forced is not None and meta.backend != forced[0]:
+        raise CaseFailure(f"metadata names backend {meta.backend!r}, but the call ran on {forced[0]!r}")
+    echo = (meta.batch_size, meta.num_q_tokens_per_head_k, meta.num_heads_k, meta.num_heads_q, meta.topk)
+    if echo != (len(lengths), s_q * h_q, 1, h_q, topk) or meta.is_fp8_kvcache is not fp8:
+        raise CaseFailure(f"metadata does not record its configuration: {meta}")
+    if num_splits is not meta.num_splits:
+        raise CaseFailure("the num_splits returned is not the one the metadata carries")
+    for t in (*meta.tensors, *(() if num_splits is None else (num_splits,))):
+        if t.device != paged.cache_seqlens.device:
+            raise CaseFailure(f"a scheduling tensor is on {t.device}, not on {paged.cache_seqlens.device}")
+    q = randn(len(lengths), s_q, h_q, 576, seed=seed + 1, dtype=torch.bfloat16, device=device)
+    indices = None
+    if topk:
+        indices = random_indices(paged.to("cpu"), s_q, topk, seed=seed + 2)[0].to(device)
+    out, lse = flash_mla_with_kvcache(q, paged.k_cache, paged.block_table, paged.cache_seqlens, HEAD_DIM_V, meta,
+                                      num_splits, is_fp8_kvcache=fp8, indices=indices)
+    if bool(torch.isnan(out.float()).any()) or bool(torch.isnan(lse).any()):
+        raise CaseFailure("a decode with the returned metadata produced NaN")
+    return 0.0
+
+
+@conformance_cases("get_mla_metadata")
+def mla_metadata_cases(quick: bool) -> list[Case]:
+    shapes = [((5, 0, 70), 1, 16, None), ((40, 3), 2, 16, 8)]
+    return [Case("get_mla_metadata", f"s_k={list(lengths)} s_q={s_q} h_q={h_q} topk={topk}", 4900 + i,
+                 functools.partial(_metadata_case, lengths, s_q, h_q, topk, 4900 + i))
+            for i, (lengths, s_q, h_q, topk) in enumerate(shapes)]
