@@ -174,6 +174,7 @@ class JitContext:
     # --- public ------------------------------------------------------------------------------------
 
     def settings(self) -> Settings:
+        """The knobs as this context reads them now."""
         return self.env.settings(self.default_cache_dir)
 
     def compile(
@@ -192,8 +193,9 @@ class JitContext:
         """Build (or reuse) and load. Returns a module (pybind11), a ctypes.CDLL (ctypes), a
         CudaModule (cuda) or an AscendBinary (ascend)."""
         request, chain = _normalize(name, source, toolchain, kind, flags, include_dirs, defines, arch, signature)
-        settings = self.settings()
-        fast_key = (request, settings, chain.tool_environment(self.env))
+        snapshot = self.env.snapshot()
+        settings = self.env.settings(self.default_cache_dir, snapshot)
+        fast_key = (request, snapshot, chain.tool_environment(self.env))
         remembered = self._requests.get(fast_key)
         if remembered is not None:
             digest, stamps = remembered
@@ -217,8 +219,9 @@ class JitContext:
     ) -> Artifact:
         """Build (or reuse) without loading; says where the artifact came from."""
         request, chain = _normalize(name, source, toolchain, kind, flags, include_dirs, defines, arch, signature)
-        settings = self.settings()
-        fast_key = (request, settings, chain.tool_environment(self.env))
+        snapshot = self.env.snapshot()
+        settings = self.env.settings(self.default_cache_dir, snapshot)
+        fast_key = (request, snapshot, chain.tool_environment(self.env))
         remembered = self._requests.get(fast_key)
         if remembered is not None:
             digest, stamps = remembered

@@ -33,14 +33,17 @@ KNOBS: dict[str, str] = {
     "LD_LLD": "ld.lld path for Ascend kernels (then next to bisheng, then PATH)",
 }
 
+_SETTINGS_KNOBS = ("CACHE_DIR", "CACHE_SHARED", "DISABLE_CACHE", "FORCE_REBUILD", "PRINT_COMMANDS", "VERBOSE", "TMP_MAX_AGE")
+# The default cache dir depends on XDG_CACHE_HOME and HOME, so those are part of the snapshot too.
+_SETTINGS_MEMO_LIMIT = 64
 _PREFIX_RE = re.compile(r"^[A-Z][A-Z0-9_]*_$")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
-def default_cache_dir() -> Path:
+def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """`$XDG_CACHE_HOME/deepjit`, else `~/.cache/deepjit`."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = (os.environ if environ is None else environ).get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / "deepjit"
 
@@ -71,6 +74,7 @@ class Environment:
         self._environ = os.environ if environ is None else environ
         prefixes = [DEFAULT_PREFIX] if prefix in (None, DEFAULT_PREFIX) else [prefix, DEFAULT_PREFIX]
         self.prefixes: tuple[str, ...] = tuple(prefixes)
+        self._settings_memo: dict[tuple[object, ...], Settings] = {}
 
     def lookup(self, knob: str) -> tuple[str | None, str | None]:
         """(value, variable name) of the first non-empty variable for `knob`, or (None, None)."""
@@ -108,12 +112,28 @@ class Environment:
             raise InvalidArgumentError(f"{variable}={value!r} is not a non-negative number of seconds")
         return number
 
-    def settings(self, default_root: Path | None = None) -> Settings:
+    def snapshot(self) -> tuple[str | None, ...]:
+        """The raw values of the knobs that make up Settings (cheap; used as a memo key)."""
+        values = tuple(self.lookup(knob)[0] for knob in _SETTINGS_KNOBS)
+        return values + (self._environ.get("XDG_CACHE_HOME"), self._environ.get("HOME"))
+
+    def settings(self, default_root: Path | None = None, snapshot: tuple[str | None, ...] | None = None) -> Settings:
+        snapshot = self.snapshot() if snapshot is None else snapshot
+        memo_key = (snapshot, default_root)
+        cached = self._settings_memo.get(memo_key)
+        if cached is None:
+            cached = self._parse_settings(default_root)
+            if len(self._settings_memo) > _SETTINGS_MEMO_LIMIT:
+                self._settings_memo.clear()
+            self._settings_memo[memo_key] = cached
+        return cached
+
+    def _parse_settings(self, default_root: Path | None) -> Settings:
         value, _ = self.lookup("CACHE_DIR")
         if value:
             roots = tuple(Path(part).expanduser() for part in value.split(os.pathsep) if part)
         else:
-            roots = (default_root or default_cache_dir(),)
+            roots = (default_root or default_cache_dir(self._environ),)
         return Settings(
             cache_roots=roots,
             shared=self.flag("CACHE_SHARED"),
