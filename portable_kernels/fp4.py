@@ -1,0 +1,410 @@
+"""FP4 (E2M1) op family and the fused SwiGLU quantizer (DeepGEMM / TileKernels names).
+
+`per_token_cast_to_fp4(x, gran_k=32, use_ue8m0=True)`: per (1, gran_k) block, amax clamped to
+>= 1e-4, sf = amax / 6 (rounded up to a power of two when use_ue8m0), codes = E2M1 of x / sf
+(round to nearest, ties to even, |x / sf| > 6 saturates) packed two per byte, even element low.
+`fp8_fp4_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None)`: D = C + A·Bᵀ with an
+FP8 per-token A and an FP4 per-(1, 32) B. `swiglu_forward_and_per_token_cast(x, ...)`: silu(gate)·up
+with the gate in the FIRST half of x's last dim, then FP8 per-token quantization, in one op.
+The rule kept: every byte format comes from portable_kernels.layouts (E2M1 codes, packing, scales).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .contract import (BoundCall, OpContract, QuantArg, Tolerance, bind, get_contract, public_op, quant_operand,
+                       register_contract, to_backend)
+from .errors import ContractError, format_problem
+from .gemm import OUT_DTYPES, gemm_reference
+from .layouts.constants import FP4_E2M1_MAX, MX_BLOCK_K, SCALE_AMAX_FLOOR
+from .layouts.fp4 import e2m1_encode, fp4_scale_from_amax, pack_e2m1
+from .layouts.ue8m0 import is_power_of_two
+from .quantization import FLOAT_INPUT_DTYPES, quantize_blocks_reference
+from .tensors import PreparedTensor, QuantTensor, cdiv, describe
+
+#: dtypes DeepGEMM-style raw FP4 tuples may carry their packed bytes in
+PACKED_FP4_DTYPES = (torch.uint8, torch.int8, torch.float4_e2m1fn_x2)
+#: K granularities of per-token scales the FP8×FP4 GEMM takes (DeepGEMM: 32 or 128)
+FP8_FP4_GRAN_K = (MX_BLOCK_K, 128)
+#: FP8 formats swiglu_forward_and_per_token_cast can produce (TileKernels' `fmt`)
+SWIGLU_FORMATS = ("e4m3",)
+#: clamped_count slots: gate > clamp, up > clamp, up < -clamp
+CLAMP_COUNT_SLOTS = 3
+
+
+# -- reference math --------------------------------------------------------------------------------
+
+
+def quantize_fp4_reference(x: torch.Tensor, gran_k: int, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference math: x [..., M, K] (K even) -> (uint8 [..., M, K/2] packed E2M1, fp32 [..., M, ceil(K/gran_k)])."""
+    *lead, mn, k = x.shape
+    bk = cdiv(k, gran_k)
+    blocks = F.pad(x.float(), (0, bk * gran_k - k)).view(*lead, mn, bk, gran_k)
+    amax = blocks.abs().amax(dim=-1).clamp_min(SCALE_AMAX_FLOOR)
+    scale = fp4_scale_from_amax(amax) if use_ue8m0 else amax / FP4_E2M1_MAX
+    scaled = (blocks / scale[..., None]).view(*lead, mn, bk * gran_k)[..., :k]
+    return pack_e2m1(e2m1_encode(scaled)), scale.contiguous()
+
+
+def swiglu_reference(x: torch.Tensor, row_weight: torch.Tensor | None = None,
+                     clamp: float | None = None) -> torch.Tensor:
+    """silu(gate)·up (· row_weight): x [M, 2I] -> [M, I] in fp32 (fp64 for fp64 input).
+
+    gate = x[:, :I] (the first half), up = x[:, I:]. With `clamp`, gate is clamped to <= clamp and
+    up to [-clamp, clamp] before the product (TileKernels' swiglu_clamp_value).
+    """
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    gate, up = x.to(dt).chunk(2, dim=-1)
+    if clamp is not None:
+        gate, up = gate.clamp(max=clamp), up.clamp(-clamp, clamp)
+    out = F.silu(gate) * up
+    return out if row_weight is None else out * row_weight.to(dt)[:, None]
+
+
+def swiglu_rows(num_rows: int, pos_to_token_topk: torch.Tensor | None, topk_weights: torch.Tensor | None,
+                pos_to_expert: torch.Tensor | None, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(valid [M] bool, per-row weight [M] or None): a row is padding when pos_to_expert or
+    pos_to_token_topk is -1; row r's weight is topk_weights.flatten()[pos_to_token_topk[r]]."""
+    valid = torch.ones(num_rows, dtype=torch.bool, device=device)
+    if pos_to_expert is not None:
+        valid &= pos_to_expert >= 0
+    weight = None
+    if pos_to_token_topk is not None and topk_weights is not None:
+        valid &= pos_to_token_topk >= 0
+        weight = topk_weights.flatten()[pos_to_token_topk.clamp(min=0).long()]
+    return valid, weight
+
+
+def swiglu_forward_and_per_token_cast_reference(
+        x: torch.Tensor, num_per_channels: int, round_sf: bool, pos_to_token_topk: torch.Tensor | None = None,
+        topk_weights: torch.Tensor | None = None, pos_to_expert: torch.Tensor | None = None,
+        swiglu_clamp_value: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference math: x [M, 2I] -> (fp8 [M, I], fp32 [M, ceil(I/num_per_channels)]); padding rows
+    are quantized as zeros (data 0, the scale of an all-zero block)."""
+    valid, weight = swiglu_rows(x.shape[0], pos_to_token_topk, topk_weights, pos_to_expert, x.device)
+    out = swiglu_reference(x, weight, swiglu_clamp_value)
+    out = torch.where(valid[:, None], out, out.new_zeros(()))
+    return quantize_blocks_reference(out, 1, num_per_channels, round_sf)
+
+
+def swiglu_clamp_counts(x: torch.Tensor, valid: torch.Tensor, clamp: float) -> torch.Tensor:
+    """int64 [3]: over the valid rows, how many gate > clamp, up > clamp, up < -clamp."""
+    gate, up = x[valid].float().chunk(2, dim=-1)
+    return torch.stack([(gate > clamp).sum(), (up > clamp).sum(), (up < -clamp).sum()]).to(torch.int64)
+
+
+PER_TOKEN_CAST_FP4 = register_contract(OpContract(
+    "per_token_cast_to_fp4", quantize_fp4_reference, Tolerance(dequantized=0.0, unquantized=2e-2)))
+FP8_FP4_GEMM_NT = register_contract(OpContract(
+    "fp8_fp4_gemm_nt", gemm_reference, Tolerance(dequantized=1e-6, unquantized=1e-2),
+    # b is the weight operand ("rhs"); its scales are per row (1, 32), as DeepGEMM's mixed recipes
+    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (1, MX_BLOCK_K)))))
+SWIGLU_CAST = register_contract(OpContract(
+    "swiglu_forward_and_per_token_cast", swiglu_forward_and_per_token_cast_reference,
+    Tolerance(dequantized=1e-5, unquantized=1e-3)))
+
+
+# -- shared checks ---------------------------------------------------------------------------------
+
+
+def _check_bool(op: str, arg: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ContractError(format_problem(op, arg, repr(value), "a bool", "pass True or False"))
+
+
+def _check_positive_int(op: str, arg: str, value: Any, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ContractError(format_problem(op, arg, repr(value), "a positive int", fix))
+
+
+def _check_finite_on_cpu(op: str, x: torch.Tensor) -> None:
+    # Only where reading the data costs no device sync; NaN/Inf have no E2M1 code.
+    if x.device.type == "cpu" and x.numel() and not bool(torch.isfinite(x).all()):
+        raise ContractError(format_problem(op, "x", "a tensor with NaN or Inf values", "finite values",
+                                           "E2M1 has no NaN/Inf code; clean the input before quantizing"))
+
+
+def _target(prepare_for: str | Callable[..., Any] | None, arg: str) -> OpContract | None:
+    if prepare_for is None:
+        return None
+    target = get_contract(prepare_for)
+    target.quant_arg(arg)
+    return target
+
+
+def _finish(call: BoundCall, qt: QuantTensor, target: OpContract | None, arg: str) -> QuantTensor | PreparedTensor:
+    return qt if target is None else to_backend(target, arg, qt, call.selection, implicit=False)
+
+
+# -- per_token_cast_to_fp4 -------------------------------------------------------------------------
+
+
+@public_op(PER_TOKEN_CAST_FP4)
+def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: bool = True, *,
+                          prepare_for: str | Callable[..., Any] | None = None,
+                          arg: str = "b") -> QuantTensor | PreparedTensor:
+    """Quantize per token to FP4: x bf16/fp16/fp32 [..., M, K] (K even) ->
+    QuantTensor(element "e2m1": uint8 [..., M, K/2], fp32 [..., M, ceil(K/gran_k)]), granularity (1, gran_k).
+
+    Two E2M1 codes per byte, even element in the low nibble; sf = amax / 6, rounded up to a power of
+    two when use_ue8m0 (the default: the SM100 and Ascend MX layouts store exponents only).
+    Note the argument order: gran_k before use_ue8m0 (DeepGEMM's helper takes use_ue8m0 first), so
+    pass both by keyword when porting. NaN/Inf inputs are refused (checked on CPU tensors).
+    prepare_for / arg: as in per_token_cast_to_fp8; the default consumer argument is "b", the FP4
+    weight of fp8_fp4_gemm_nt.
+    """
+    op = PER_TOKEN_CAST_FP4.name
+    if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_INPUT_DTYPES:
+        raise ContractError(format_problem(op, "x", describe(x), f"a tensor of dtype {FLOAT_INPUT_DTYPES}",
+                                           "pass bf16/fp16/fp32 values"))
+    if not 2 <= x.dim() <= 3:
+        raise ContractError(format_problem(op, "x", f"{x.dim()}-D ({tuple(x.shape)})", "2 or 3 dims",
+                                           "reshape to [..., rows, K]"))
+    if x.shape[-1] % 2:
+        raise ContractError(format_problem(op, "x", f"of shape {tuple(x.shape)} (odd K = {x.shape[-1]})",
+                                           "an even K (two FP4 codes per byte)", "pad K to an even length"))
+    _check_positive_int(op, "gran_k", gran_k, "pass e.g. gran_k=32 (keywords: per_token_cast_to_fp4(x, "
+                                              "gran_k=32, use_ue8m0=True))")
+    _check_bool(op, "use_ue8m0", use_ue8m0)
+    _check_finite_on_cpu(op, x)
+    target = _target(prepare_for, arg)
+    call = bind(PER_TOKEN_CAST_FP4, {}, [x])
+    data, scale = call.run(x=x, gran_k=gran_k, use_ue8m0=use_ue8m0)
+    return _finish(call, QuantTensor(data, scale, (1, gran_k), ue8m0=use_ue8m0, element="e2m1"), target, arg)
+
+
+# -- fp8_fp4_gemm_nt -------------------------------------------------------------------------------
+
+
+def _fp4_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | PreparedTensor:
+    """The logical view of an FP4 argument; a raw DeepGEMM tuple (packed int8/uint8 [N, K/2], fp32
+    [N, ceil(K/gran_k)]) becomes a QuantTensor with element "e2m1" and gran_k read off the shapes."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, torch.Tensor) for v in value)
+            and value[0].dtype in PACKED_FP4_DTYPES):
+        return quant_operand(contract, arg, value)
+    data, scale = value
+    if data.dim() != 2 or scale.dtype != torch.float32 or scale.dim() != 2 or scale.shape[0] != data.shape[0]:
+        raise ContractError(format_problem(contract.name, arg, f"scale {describe(scale)} for data {describe(data)}",
+                                           "fp32 scales [N, ceil(K/gran_k)] for packed data [N, K/2]",
+                                           "pass the logical fp32 scales of per_token_cast_to_fp4"))
+    k = data.shape[1] * 2
+    gran_k = next((g for g in FP8_FP4_GRAN_K if cdiv(k, g) == scale.shape[1]), None)
+    if gran_k is None:
+        raise ContractError(format_problem(contract.name, arg, f"scale of shape {tuple(scale.shape)} for K = {k}",
+                                           f"ceil(K/gran_k) columns with gran_k in {FP8_FP4_GRAN_K}",
+                                           "quantize with per_token_cast_to_fp4(w, gran_k=32)"))
+    return QuantTensor(data.view(torch.uint8), scale, (1, gran_k), ue8m0=is_power_of_two(scale), element="e2m1")
+
+
+def _check_recipes(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor | PreparedTensor, recipe: Any,
+                   recipe_a: Any, recipe_b: Any) -> None:
+    ga, gb = tuple(a.granularity), tuple(b.granularity)
+    if recipe is not None:
+        if not (isinstance(recipe, (tuple, list)) and len(recipe) == 3) or ga[1] != gb[1] \
+                or tuple(recipe) != (ga[0], gb[0], ga[1]):
+            raise ContractError(format_problem(op, "recipe", repr(recipe),
+                                               f"None (the operands' granularities a {ga}, b {gb})",
+                                               "leave recipe=None, or assert each operand with recipe_a / recipe_b"))
+    for arg, value, g in (("recipe_a", recipe_a, ga), ("recipe_b", recipe_b, gb)):
+        if value is not None and (not isinstance(value, (tuple, list)) or tuple(value) != g):
+            raise ContractError(format_problem(op, arg, repr(value), f"None or {g} (the operand's granularity)",
+                                               "leave it None or quantize with the matching gran_k"))
+
+
+def _check_fp8_fp4_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor | PreparedTensor) -> None:
+    for arg, t, element, fix in (("a", a, "e4m3", "quantize with per_token_cast_to_fp8 (use fp4 only for b)"),
+                                 ("b", b, "e2m1", "quantize with per_token_cast_to_fp4, or use fp8_gemm_nt")):
+        if t.element != element:
+            raise ContractError(format_problem(op, arg, f"{t.element} data", f"{element} data", fix))
+        if len(t.shape) != 2:
+            raise ContractError(format_problem(op, arg, f"of logical shape {tuple(t.shape)}", "2-D [rows, K]",
+                                               "pass one matrix; the grouped FP4 GEMMs are not provided"))
+        g = tuple(t.granularity)
+        if g[0] != 1 or g[1] not in FP8_FP4_GRAN_K:
+            raise ContractError(format_problem(op, arg, f"scaled per {g}",
+                                               f"per-row scales (1, gran_k) with gran_k in {FP8_FP4_GRAN_K}",
+                                               "quantize per token (per_token_cast_to_fp8 / per_token_cast_to_fp4)"))
+    (m, k), (n, kb) = a.shape, b.shape
+    if k != kb:
+        raise ContractError(format_problem(op, "b", f"of logical shape {tuple(b.shape)} (K = {kb})",
+                                           f"K = {k} like a {tuple(a.shape)}", "pass A [M, K] and B [N, K]"))
+    if k == 0:
+        raise ContractError(format_problem(op, "a", "empty along K", "K >= 1", "a GEMM over K = 0 is just C"))
+    if b.device != a.device:
+        raise ContractError(format_problem(op, "b", f"on {b.device}", f"on {a.device} like a", "move b to a's device"))
+
+
+def _check_gemm_output(op: str, d: Any, c: Any, m: int, n: int, device: torch.device) -> None:
+    if not isinstance(d, torch.Tensor) or d.dtype not in OUT_DTYPES:
+        raise ContractError(format_problem(op, "d", describe(d), f"a tensor of dtype {OUT_DTYPES}",
+                                           "allocate d = torch.empty(M, N, dtype=torch.bfloat16)"))
+    if tuple(d.shape) != (m, n):
+        raise ContractError(format_problem(op, "d", f"of shape {tuple(d.shape)}", f"[M, N] = [{m}, {n}]",
+                                           "allocate d with M rows of A and N rows of B"))
+    if not d.is_contiguous():
+        raise ContractError(format_problem(op, "d", f"non-contiguous (strides {d.stride()})", "row-major contiguous",
+                                           "pass a contiguous tensor and copy afterwards"))
+    if d.device != device:
+        raise ContractError(format_problem(op, "d", f"on {d.device}", f"on {device} like the operands",
+                                           "allocate d on the operands' device"))
+    if c is None:
+        return
+    if not isinstance(c, torch.Tensor) or c.dtype not in (torch.float32, d.dtype) or tuple(c.shape) != (m, n):
+        raise ContractError(format_problem(op, "c", describe(c), f"None or a float32 (or d's dtype) [{m}, {n}] tensor",
+                                           "pass the accumulator with D's shape"))
+    if c.device != device:
+        raise ContractError(format_problem(op, "c", f"on {c.device}", f"on {device}", "move c to the operands' device"))
+
+
+@public_op(FP8_FP4_GEMM_NT)
+def fp8_fp4_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None,
+                    recipe_a: Any = None, recipe_b: Any = None) -> None:
+    """D = C + A·Bᵀ with an FP8 activation and an FP4 weight, written into d.
+
+    a: (fp8 [M, K], fp32 [M, ceil(K/128)]) — per-token FP8 (gran_k 128 or 32); a tuple, QuantTensor
+       or PreparedTensor
+    b: (uint8/int8 [N, K/2] packed E2M1, fp32 [N, ceil(K/32)]) — per_token_cast_to_fp4 output
+       (gran_k 32 or 128); prepare weights once with prepare_inputs
+    d: bf16 or fp32 [M, N], row-major; c: None or fp32 (or d's dtype) [M, N]
+    recipe: must stay None unless both operands share one gran_k; recipe_a / recipe_b: None or the
+       operand's (1, gran_k), asserted (DeepGEMM's mixed-precision recipes)
+    """
+    op = FP8_FP4_GEMM_NT.name
+    qa = quant_operand(FP8_FP4_GEMM_NT, "a", a)
+    qb = _fp4_operand(FP8_FP4_GEMM_NT, "b", b)
+    _check_fp8_fp4_operands(op, qa, qb)
+    _check_recipes(op, qa, qb, recipe, recipe_a, recipe_b)
+    _check_gemm_output(op, d, c, qa.shape[0], qb.shape[0], qa.device)
+    call = bind(FP8_FP4_GEMM_NT, {"a": qa, "b": qb}, [d, c])
+    pa, pb = call.quant["a"], call.quant["b"]
+    call.run(a=pa.data, sfa=pa.scale, b=pb.data, sfb=pb.scale, d=d, c=c,
+             sfa_format=pa.tag.format, sfb_format=pb.tag.format,
+             sfa_granularity=pa.storage_granularity, sfb_granularity=pb.storage_granularity)
+
+
+# -- swiglu_forward_and_per_token_cast ---------------------------------------------------------------
+
+
+def _check_optional_vector(op: str, arg: str, t: Any, rows: int, device: torch.device) -> None:
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (rows,):
+        raise ContractError(format_problem(op, arg, describe(t), f"None or an int32 tensor of shape [{rows}]",
+                                           "pass the per-row mapping from get_fused_mapping (one entry per row of x)"))
+    if t.device != device:
+        raise ContractError(format_problem(op, arg, f"on {t.device}", f"on {device} like x", f"move {arg} to x's device"))
+
+
+def _check_swiglu_args(op: str, x: Any, fmt: Any, num_per_channels: Any, pos_to_token_topk: Any, topk_weights: Any,
+                       pos_to_expert: Any, use_tma_aligned_col_major_sf: Any, round_sf: Any, use_packed_ue8m0: Any,
+                       swiglu_clamp_value: Any, clamped_count: Any) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_INPUT_DTYPES:
+        raise ContractError(format_problem(op, "x", describe(x), f"a tensor of dtype {FLOAT_INPUT_DTYPES}",
+                                           "pass the gate/up projection output in bf16 or fp32"))
+    if x.dim() != 2 or x.shape[1] % 2 or x.shape[1] == 0:
+        raise ContractError(format_problem(op, "x", f"of shape {tuple(x.shape)}", "2-D [M, 2I] with I >= 1",
+                                           "pass [tokens, 2 * intermediate] with the gate half first"))
+    if fmt not in SWIGLU_FORMATS:
+        raise ContractError(format_problem(op, "fmt", repr(fmt), f"one of {SWIGLU_FORMATS}",
+                                           "pass 'e4m3'; for FP4 call per_token_cast_to_fp4 on the activation"))
+    _check_positive_int(op, "num_per_channels", num_per_channels,
+                        "pass 128, or I (= x.shape[1] // 2) for one scale per row")
+    for arg, value in (("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf),
+                       ("use_packed_ue8m0", use_packed_ue8m0)):
+        _check_bool(op, arg, value)
+        if value:
+            raise ContractError(format_problem(op, arg, "True", "False (scales come back as logical fp32)",
+                                               "pass prepare_for=<consuming op> to get that backend's scale bytes"))
+    _check_bool(op, "round_sf", round_sf)
+    rows, device = x.shape[0], x.device
+    _check_optional_vector(op, "pos_to_token_topk", pos_to_token_topk, rows, device)
+    _check_optional_vector(op, "pos_to_expert", pos_to_expert, rows, device)
+    if (pos_to_token_topk is None) != (topk_weights is None):
+        missing = "topk_weights" if topk_weights is None else "pos_to_token_topk"
+        raise ContractError(format_problem(op, missing, "None", "given together with the other weighting argument",
+                                           "pass both pos_to_token_topk and topk_weights, or neither"))
+    if topk_weights is not None:
+        if not isinstance(topk_weights, torch.Tensor) or topk_weights.dtype != torch.float32 or topk_weights.dim() != 2:
+            raise ContractError(format_problem(op, "topk_weights", describe(topk_weights),
+                                               "a float32 tensor [num_tokens, num_topk]", "pass the router weights"))
+        if topk_weights.device != device:
+            raise ContractError(format_problem(op, "topk_weights", f"on {topk_weights.device}", f"on {device} like x",
+                                               "move topk_weights to x's device"))
+    if swiglu_clamp_value is not None and (isinstance(swiglu_clamp_value, bool)
+                                           or not isinstance(swiglu_clamp_value, (int, float))
+                                           or not math.isfinite(swiglu_clamp_value) or swiglu_clamp_value <= 0):
+        raise ContractError(format_problem(op, "swiglu_clamp_value", repr(swiglu_clamp_value),
+                                           "None or a finite positive number", "pass e.g. 10.0"))
+    if clamped_count is not None:
+        if swiglu_clamp_value is None:
+            raise ContractError(format_problem(op, "clamped_count", "given without swiglu_clamp_value",
+                                               "None unless swiglu_clamp_value is set", "pass swiglu_clamp_value"))
+        if not isinstance(clamped_count, torch.Tensor) or clamped_count.dtype != torch.int64 \
+                or tuple(clamped_count.shape) != (CLAMP_COUNT_SLOTS,):
+            raise ContractError(format_problem(op, "clamped_count", describe(clamped_count),
+                                               f"an int64 tensor of shape [{CLAMP_COUNT_SLOTS}]",
+                                               "pass torch.zeros(3, dtype=torch.int64)"))
+        if clamped_count.device != device:
+            raise ContractError(format_problem(op, "clamped_count", f"on {clamped_count.device}",
+                                               f"on {device} like x", "move clamped_count to x's device"))
+
+
+def _check_swiglu_values(op: str, pos_to_token_topk: torch.Tensor | None, topk_weights: torch.Tensor | None,
+                         pos_to_expert: torch.Tensor | None) -> None:
+    if pos_to_token_topk is not None and pos_to_token_topk.device.type == "cpu" and pos_to_token_topk.numel():
+        limit = topk_weights.numel()
+        bad = (pos_to_token_topk < -1) | (pos_to_token_topk >= limit)
+        if bool(bad.any()):
+            row = int(torch.nonzero(bad)[0])
+            raise ContractError(format_problem(op, "pos_to_token_topk", f"{int(pos_to_token_topk[row])} at row {row}",
+                                               f"-1 (padding) or a slot in [0, {limit}) of topk_weights",
+                                               "pass the mapping built for these topk_weights"))
+    if pos_to_expert is not None and pos_to_expert.device.type == "cpu" and pos_to_expert.numel():
+        bad = pos_to_expert < -1
+        if bool(bad.any()):
+            row = int(torch.nonzero(bad)[0])
+            raise ContractError(format_problem(op, "pos_to_expert", f"{int(pos_to_expert[row])} at row {row}",
+                                               "-1 (padding) or an expert id >= 0", "pass get_fused_mapping's output"))
+
+
+@public_op(SWIGLU_CAST)
+def swiglu_forward_and_per_token_cast(
+        x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 128,
+        pos_to_token_topk: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
+        pos_to_expert: torch.Tensor | None = None, use_tma_aligned_col_major_sf: bool = False,
+        round_sf: bool = False, use_packed_ue8m0: bool = False, swiglu_clamp_value: float | None = None,
+        clamped_count: torch.Tensor | None = None, *, prepare_for: str | Callable[..., Any] | None = None,
+        arg: str = "a") -> QuantTensor | PreparedTensor:
+    """SwiGLU then FP8 per-token quantization in one op (TileKernels' name and argument order).
+
+    x: bf16/fp16/fp32 [M, 2I]; gate = x[:, :I] (FIRST half), up = x[:, I:];
+       y = silu(gate)·up (· weight of the row), quantized per (1, num_per_channels) like
+       per_token_cast_to_fp8 (round_sf: power-of-two scales) ->
+       QuantTensor(fp8 [M, I], fp32 [M, ceil(I/num_per_channels)])
+    fmt: "e4m3" only
+    pos_to_token_topk: None or int32 [M], row r's weight is topk_weights.flatten()[pos_to_token_topk[r]];
+       given together with topk_weights: fp32 [num_tokens, num_topk]
+    pos_to_expert: None or int32 [M]; rows with -1 (here or in pos_to_token_topk) are padding and come
+       back as exact zeros (data 0, the all-zero block's scale)
+    swiglu_clamp_value: None or c > 0: gate clamped to <= c, up to [-c, c] before the product;
+       clamped_count: None or int64 [3] += counts of (gate > c, up > c, up < -c) over valid rows
+    use_tma_aligned_col_major_sf / use_packed_ue8m0: must stay False — scale bytes are the backend's
+       business: pass prepare_for=<op> (and arg, default "a") to get them already in that op's layout
+    """
+    op = SWIGLU_CAST.name
+    _check_swiglu_args(op, x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
+                       use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value, clamped_count)
+    _check_swiglu_values(op, pos_to_token_topk, topk_weights, pos_to_expert)
+    target = _target(prepare_for, arg)
+    clamp = None if swiglu_clamp_value is None else float(swiglu_clamp_value)
+    call = bind(SWIGLU_CAST, {}, [x, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count])
+    data, scale = call.run(x=x, num_per_channels=num_per_channels, round_sf=round_sf,
+                           pos_to_token_topk=pos_to_token_topk, topk_weights=topk_weights,
+                           pos_to_expert=pos_to_expert, swiglu_clamp_value=clamp, clamped_count=clamped_count)
+    qt = QuantTensor(data, scale, (1, num_per_channels), ue8m0=round_sf)
+    return _finish(call, qt, target, arg)
