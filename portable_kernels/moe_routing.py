@@ -259,7 +259,7 @@ def _check_tensor(op: str, arg: str, t: Any, dtypes: tuple[torch.dtype, ...], sh
     if not ok_shape or t.dtype not in dtypes:
         dims = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         names = "/".join(str(d).replace("torch.", "") for d in dtypes)
-        raise ContractError(format_problem(op, arg, describe(t), f"a {names} tensor of shape {dims}", fix))
+        raise ContractError(format_problem(op, arg, describe(t), f"a tensor of dtype {names} and shape {dims}", fix))
     if device is not None and t.device != device:
         raise ContractError(format_problem(op, arg, f"on {t.device}", f"on {device} like the other arguments",
                                            f"move {arg} to {device}"))
