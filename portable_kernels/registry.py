@@ -165,8 +165,12 @@ class Registry:
         try:
             loader()(self)
         except Exception as exc:  # a broken plugin must not break the library
-            log.warning("backend plugin %r failed to load: %s", name, exc)
-            self._broken[name] = f"{type(exc).__name__}: {exc}"
+            self.record_broken(name, exc)
+
+    def record_broken(self, name: str, exc: BaseException) -> None:
+        """Remember that a plugin (or one part of one, e.g. "cpu.mla") failed to load, and why."""
+        log.warning("backend plugin %r failed to load: %s", name, exc)
+        self._broken[name] = f"{type(exc).__name__}: {exc}"
 
     # -- queries ------------------------------------------------------------------------------
     def backends(self) -> dict[str, Backend]:

@@ -36,5 +36,9 @@ def register(registry: Registry) -> None:
     """Entry point `portable_kernels.backends: cpu`."""
     registry.add_backend(CpuBackend())
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if not info.name.startswith("_"):
+        if info.name.startswith("_"):
+            continue
+        try:  # one broken family must not take the other families' providers with it
             importlib.import_module(f"{__name__}.{info.name}").register(registry)
+        except Exception as exc:
+            registry.record_broken(f"{BACKEND}.{info.name}", exc)
