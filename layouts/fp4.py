@@ -48,22 +48,47 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     LayoutConversionError (E2M1 has neither; clamp or scale before encoding).
     """
     require_dtype("x", x, _FLOAT_INPUTS, "pass a floating tensor (fp32, fp64, bf16, fp16)")
-    work = x if x.dtype == torch.float64 else x.float()  # bf16/fp16 -> fp32 is exact
-    mag = work.abs()
+    mag = x.abs() if x.dtype in (torch.float32, torch.float64) else x.float().abs_()  # bf16/fp16 -> fp32 exact
     top = mag.amax() if mag.numel() else mag.new_zeros(())
     if not bool(torch.isfinite(top)):  # NaN propagates through amax, inf is the max
         raise LayoutConversionError("e2m1_encode: input contains NaN or inf; E2M1 cannot carry them")
-    mag = mag.clamp_(max=FP4_E2M1_MAX)
-    # The E2M1 grid has step 0.5 on [0, 2), 1 on [2, 4), 2 on [4, 6]; on each range the magnitude
-    # index is an affine function of |x| / step, and torch.round rounds half to even, which is
-    # "ties to the even code" because every range starts at an even index (0, 4, 6).
+    mag.clamp_(max=FP4_E2M1_MAX)
+    index = _magnitude_index_fp64(mag) if mag.dtype == torch.float64 else _magnitude_index_fp32(mag)
+    return index | (torch.signbit(x).to(torch.uint8) << 3)
+
+
+def _magnitude_index_fp32(mag: torch.Tensor) -> torch.Tensor:
+    """Index 0..7 of |x| in [0, 6] (fp32, consumed), nearest with ties to even, by fp32 bit arithmetic.
+
+    For |x| >= 1 the index is the fp32 exponent and the top mantissa bit, (e << 1 | m) - 252, after
+    rounding the mantissa to one bit (add 2^21 - 1 plus the kept bit, so ties go to an even m; a
+    carry moves into the exponent: 1.75 -> 2.0). Below 1 the grid is 0, 0.5, 1: adding 2^23 to 2|x|
+    lets the FPU round it to an integer, half to even (0.25 -> 0, 0.75 -> 1.0).
+    """
+    bits = mag.view(torch.int32)
+    index = bits >> 22
+    index &= 1
+    index += bits
+    index += 0x1FFFFF
+    index >>= 22
+    index -= 252
+    below_one = mag < 1.0
+    mag.mul_(2.0).add_(8388608.0)  # 2^23: the FPU rounds 2|x| to an integer
+    small = mag.view(torch.int32)
+    small -= 0x4B000000  # bits of 2^23
+    return torch.where(below_one, small, index).to(torch.uint8)
+
+
+def _magnitude_index_fp64(mag: torch.Tensor) -> torch.Tensor:
+    """fp64 inputs, kept in fp64 so no double rounding: the grid step is 0.5 on [0, 2), 1 on [2, 4),
+    2 on [4, 6], and torch.round rounds half to even, which is "ties to the even index" because
+    every range starts at an even index (0, 4, 6)."""
     index = torch.where(
         mag < 2.0,
         torch.round(mag * 2.0),
         torch.where(mag < 4.0, torch.round(mag) + 2.0, torch.round(mag * 0.5) + 4.0),
     )
-    sign = torch.signbit(work).to(torch.uint8) << 3
-    return index.to(torch.uint8) | sign
+    return index.to(torch.uint8)
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:

@@ -67,9 +67,25 @@ def test_e2m1_encode_matches_brute_force_nearest_even(values):
     assert torch.equal(e2m1_encode(x), _nearest_even_code(x))
 
 
-def test_e2m1_encode_matches_brute_force_on_dense_grid():
-    x = torch.linspace(-7.0, 7.0, 56001)  # step 0.00025: hits every tie exactly
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_e2m1_encode_matches_brute_force_on_dense_grid(dtype):
+    x = torch.linspace(-7.0, 7.0, 56001, dtype=torch.float64).to(dtype)  # step 0.00025 hits every tie
     assert torch.equal(e2m1_encode(x), _nearest_even_code(x))
+
+
+def test_e2m1_encode_neighbours_of_every_tie():
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    for direction in (0.0, 10.0):  # a handful of dims, not elements
+        x = torch.nextafter(ties, torch.full_like(ties, direction))
+        assert torch.equal(e2m1_encode(x), _nearest_even_code(x))
+    x64 = torch.nextafter(ties.double(), torch.zeros(7, dtype=torch.float64))
+    assert torch.equal(e2m1_encode(x64), _nearest_even_code(x64))
+
+
+def test_e2m1_encode_does_not_modify_its_input():
+    x = torch.tensor([0.3, -2.6, 7.0])
+    e2m1_encode(x)
+    assert x.tolist() == [pytest.approx(0.3), pytest.approx(-2.6), 7.0]
 
 
 def test_pack_puts_even_element_in_low_nibble():
