@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ def _size(nbytes: int) -> str:
 
 def _roots(args: argparse.Namespace, env: Environment) -> list[Path]:
     if args.cache_dir:
-        return [Path(part).expanduser() for part in args.cache_dir.split(":") if part]
+        return [Path(part).expanduser() for part in args.cache_dir.split(os.pathsep) if part]
     return list(env.settings().cache_roots)
 
 

@@ -131,9 +131,10 @@ class Environment:
     def _parse_settings(self, default_root: Path | None) -> Settings:
         value, _ = self.lookup("CACHE_DIR")
         if value:
-            roots = tuple(Path(part).expanduser() for part in value.split(os.pathsep) if part)
+            # Absolute, because compilers run with the build folder as working directory.
+            roots = tuple(Path(os.path.abspath(Path(part).expanduser())) for part in value.split(os.pathsep) if part)
         else:
-            roots = (default_root or default_cache_dir(self._environ),)
+            roots = (Path(os.path.abspath(default_root or default_cache_dir(self._environ))),)
         return Settings(
             cache_roots=roots,
             shared=self.flag("CACHE_SHARED"),

@@ -145,3 +145,10 @@ def test_force_rebuild_rebuilds_once_per_process_and_replaces_the_entry(jit, cac
     assert len(entries(cache_root)) == 1 and leftovers(cache_root) == []
     context = deepjit.JitContext()
     assert [_build(context).origin, _build(context).origin] == ["built", "memory"]
+
+
+def test_relative_cache_dir_is_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DEEPJIT_CACHE_DIR", "relative-cache")
+    artifact = _build(deepjit.JitContext())
+    assert artifact.entry.parent == tmp_path / "relative-cache"
