@@ -545,7 +545,8 @@ def _check_dispatch_handles(op: str, handles: Any, num_ranks: int, device: torch
         _check_device(op, arg, h.recv_src_idx, device)
         if not torch.equal(h.rank_prefix_matrix, handles[0].rank_prefix_matrix):
             raise ContractError(format_problem(op, arg, "from another dispatch than handles[0]",
-                                               "handles of one dispatch", "pass the handles of one simulate_dispatch call"))
+                                               "handles of one dispatch",
+                                               "pass the handles of one simulate_dispatch call"))
     return tuple(handles)
 
 
@@ -605,7 +606,8 @@ def simulate_dispatch(xs: Sequence[Any], topk_idx: Sequence[torch.Tensor] | None
             if h.num_tokens != data[r].shape[0]:
                 raise ContractError(format_problem(op, f"xs[{r}]", f"holding {data[r].shape[0]} tokens",
                                                    f"{h.num_tokens} tokens like the dispatch of handles[{r}]",
-                                                   "a cached dispatch moves the same tokens' rows along the same layout"))
+                                                   "a cached dispatch moves new rows of the same tokens along "
+                                                   "the same layout"))
         idx, weights, experts, in_rank = None, None, None, tuple(h.is_token_in_rank for h in given)
     else:
         if topk_idx is None:
@@ -743,7 +745,8 @@ def simulate_low_latency_combine(xs: Sequence[torch.Tensor], topk_idx: Sequence[
     num_slots = max_tokens * num_ranks
     _check_per_rank(op, "xs", xs, num_ranks)
     first = _check_tensor(op, "xs[0]", xs[0], X_DTYPES, (per_rank, num_slots, hidden), None,
-                          f"pass the expert outputs [num_local_experts, M*R, hidden] = [{per_rank}, {num_slots}, {hidden}]")
+                          "pass the expert outputs [num_local_experts, M*R, hidden] = "
+                          f"[{per_rank}, {num_slots}, {hidden}]")
     device = first.device
     for r, (x, h) in enumerate(zip(xs, handles)):
         if (h.num_experts, h.num_max_dispatch_tokens_per_rank, h.hidden) != (experts, max_tokens, hidden):
