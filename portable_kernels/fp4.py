@@ -297,7 +297,8 @@ def _check_optional_vector(op: str, arg: str, t: Any, rows: int, device: torch.d
         raise ContractError(format_problem(op, arg, describe(t), f"None or an int32 tensor of shape [{rows}]",
                                            "pass the per-row mapping from get_fused_mapping (one entry per row of x)"))
     if t.device != device:
-        raise ContractError(format_problem(op, arg, f"on {t.device}", f"on {device} like x", f"move {arg} to x's device"))
+        raise ContractError(format_problem(op, arg, f"on {t.device}", f"on {device} like x",
+                                           f"move {arg} to x's device"))
 
 
 def _check_swiglu_args(op: str, x: Any, fmt: Any, num_per_channels: Any, pos_to_token_topk: Any, topk_weights: Any,

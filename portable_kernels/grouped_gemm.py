@@ -236,7 +236,7 @@ def _check_m_indices_values(op: str, m_indices: torch.Tensor, num_groups: int, a
     want = contiguous_m_indices(counts, alignment).to(torch.int64)
     if want.numel() > m.numel():
         raise ContractError(format_problem(
-            op, "m_indices", f"{m.numel()} rows for group counts {counts.tolist()}",
+            op, "m_indices", f"{m.numel()} rows for group counts {_preview(counts)}",
             f"at least {want.numel()} rows: every group's rows padded to a multiple of {alignment}", _LAYOUT_FIX))
     full = torch.cat((want, want.new_full((m.numel() - want.numel(),), PADDING_ROW)))
     wrong = torch.nonzero(full != m).flatten()
@@ -248,11 +248,16 @@ def _check_m_indices_values(op: str, m_indices: torch.Tensor, num_groups: int, a
             f"rows one run starting at a multiple of {alignment}, then -1 up to the next multiple)", _LAYOUT_FIX))
 
 
+def _preview(t: torch.Tensor, limit: int = 8) -> str:
+    values = t[:limit].tolist()
+    return str(values) if t.numel() <= limit else str(values)[:-1] + ", ...]"
+
+
 def _check_psum_values(op: str, psum: torch.Tensor, total_m: int, alignment: int) -> None:
     try:
         counts_from_psum(psum, alignment)
     except LayoutConversionError as exc:
-        raise ContractError(format_problem(op, "m_indices", f"the psum layout {psum.tolist()}",
+        raise ContractError(format_problem(op, "m_indices", f"the psum layout {_preview(psum)}",
                                            f"non-decreasing end rows, each >= the previous rounded up to {alignment}",
                                            _PSUM_FIX)) from exc
     last = int(psum[-1])

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import portable_kernels as pk
-from portable_kernels.layouts import contiguous_m_indices, m_indices_from_psum, psum_layout
+from portable_kernels.layouts import NVIDIA_MOE_ALIGNMENT, contiguous_m_indices, m_indices_from_psum, psum_layout
 from portable_kernels.testing import run_conformance
 from portable_kernels.testing.generators import poison, randn
 
 GROUPED_OPS = ["m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
                "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked"]
-ALIGN = 128  # the cpu backend's alignment (DeepGEMM's)
+ALIGN = NVIDIA_MOE_ALIGNMENT  # the cpu backend keeps DeepGEMM's alignment
 
 
 def _contiguous_inputs(counts, n, k, seed, ue8m0=False):
