@@ -53,8 +53,8 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     if not bool(torch.isfinite(top)):  # NaN propagates through amax, inf is the max
         raise LayoutConversionError("e2m1_encode: input contains NaN or inf; E2M1 cannot carry them")
     mag.clamp_(max=FP4_E2M1_MAX)
-    index = _magnitude_index_fp64(mag) if mag.dtype == torch.float64 else _magnitude_index_fp32(mag)
-    return index | (torch.signbit(x).to(torch.uint8) << 3)
+    codes = _magnitude_index_fp64(mag) if mag.dtype == torch.float64 else _magnitude_index_fp32(mag)
+    return codes.add_(torch.signbit(x).view(torch.uint8), alpha=8)  # sign in bit 3
 
 
 def _magnitude_index_fp32(mag: torch.Tensor) -> torch.Tensor:
@@ -76,7 +76,7 @@ def _magnitude_index_fp32(mag: torch.Tensor) -> torch.Tensor:
     mag.mul_(2.0).add_(8388608.0)  # 2^23: the FPU rounds 2|x| to an integer
     small = mag.view(torch.int32)
     small -= 0x4B000000  # bits of 2^23
-    return torch.where(below_one, small, index).to(torch.uint8)
+    return torch.where(below_one, small, index, out=index).to(torch.uint8)
 
 
 def _magnitude_index_fp64(mag: torch.Tensor) -> torch.Tensor:
