@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 import timeit
-from pathlib import Path
 
 import deepjit
 

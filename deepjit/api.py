@@ -103,7 +103,9 @@ def _normalize(
     if kind == "pybind11" and name[0].isdigit():
         raise InvalidArgumentError(f"name={name!r} must not start with a digit for kind='pybind11' (it is the module name)")
     if isinstance(include_dirs, (str, bytes, os.PathLike)):
-        raise InvalidArgumentError(f"include_dirs must be a list of folders, got the single value {include_dirs!r}; wrap it in [...]")
+        raise InvalidArgumentError(
+            f"include_dirs must be a list of folders, got the single value {include_dirs!r}; wrap it in [...]"
+        )
     dirs = []
     for index, folder in enumerate(include_dirs):
         path = Path(os.path.abspath(os.fspath(folder)))
@@ -399,6 +401,7 @@ class JitContext:
                     "nothing was published",
                     command=commands[-1], output=log_text, source_path=kept, returncode=0,
                 )
+            _remove_intermediates(build_dir, keep={source_path.name, output.name})
             image = output.read_bytes()
             manifest = self._manifest(keyed, commands, "\n".join(outputs), source_path, output, image, started)
             if root is None:
@@ -474,6 +477,15 @@ def _stat(path: str) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _remove_intermediates(build_dir: Path, keep: set[str]) -> None:
+    """An entry holds the source and the artifact only (plus manifest and marker, written later)."""
+    import shutil
+
+    for child in build_dir.iterdir():
+        if child.name not in keep:
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
 
 def _run(command: list[str], cwd: Path, settings: Settings) -> tuple[int, str]:

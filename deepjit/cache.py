@@ -150,7 +150,8 @@ def _check(entry: Entry) -> tuple[Hit | None, str | None]:
         return None, f"artifact {manifest.get('artifact')!r} missing"
     actual = hashlib.sha256(image).hexdigest()
     if actual != manifest.get("artifact_sha256"):
-        return None, f"artifact sha256 {actual[:16]}... does not match the manifest's {str(manifest.get('artifact_sha256'))[:16]}..."
+        recorded = str(manifest.get("artifact_sha256"))
+        return None, f"artifact sha256 {actual[:16]}... does not match the manifest's {recorded[:16]}..."
     return Hit(entry, artifact, image, manifest), None
 
 

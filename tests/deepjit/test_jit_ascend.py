@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -51,7 +50,8 @@ def test_kernel_object_is_compiled_linked_and_published(fake_cann, cache_root):
     assert "-x cce" in compile_line and "--cce-aicore-arch=dav-c220-vec" in compile_line
     assert link_line.split()[1:4] == ["-m", "aicorelinux", "-Ttext=0"]
     assert "-static" in link_line
-    assert [e.name for e in entries(cache_root)] == ["add_custom"]
+    [entry] = entries(cache_root)
+    assert sorted(p.name for p in entry.path.iterdir()) == ["COMMITTED", "add_custom.cpp", "add_custom.o", "manifest.json"]
 
 
 def test_linker_is_found_next_to_bisheng(fake_cann, tmp_path):
@@ -68,7 +68,11 @@ def test_both_tool_versions_are_in_the_key(fake_cann, make_script, monkeypatch):
 
 
 def test_failing_link_step_publishes_nothing(fake_cann, make_script, monkeypatch, cache_root):
-    broken = make_script("broken-lld", '[ "$1" = "--version" ] && echo "LLD (broken)" && exit 0\necho "ld.lld: error: undefined symbol" >&2\nexit 1\n')
+    broken = make_script("broken-lld", """
+        [ "$1" = "--version" ] && echo "LLD (broken)" && exit 0
+        echo "ld.lld: error: undefined symbol" >&2
+        exit 1
+        """)
     monkeypatch.setenv("DEEPJIT_LD_LLD", str(broken))
     with pytest.raises(deepjit.CompileError, match="undefined symbol") as failure:
         deepjit.JitContext().build("add_custom", KERNEL, toolchain="ascend", arch="dav-c220-vec")

@@ -7,7 +7,6 @@ import json
 import os
 import stat
 import time
-from pathlib import Path
 
 import pytest
 from conftest import ADD_SOURCE, entries, leftovers

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 from conftest import ADD_SOURCE, entries, leftovers
 
 import deepjit

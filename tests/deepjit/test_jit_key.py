@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from conftest import ADD_SOURCE, GXX, NVCC
 
