@@ -382,7 +382,7 @@ def low_latency_combine_reference(xs: tuple[torch.Tensor, ...], topk_idx: tuple[
 
 
 GET_DISPATCH_LAYOUT = register_contract(OpContract(
-    "get_dispatch_layout", dispatch_layout_reference, Tolerance(dequantized=0.0)))
+    "get_dispatch_layout", dispatch_layout_reference, Tolerance(dequantized=0.0), kernel=dispatch_layout_reference))
 SIMULATE_DISPATCH = register_contract(OpContract(
     "simulate_dispatch", dispatch_reference, Tolerance(dequantized=0.0)))
 SIMULATE_COMBINE = register_contract(OpContract(

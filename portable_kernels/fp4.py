@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from .contract import (BoundCall, OpContract, QuantArg, Tolerance, bind, get_contract, public_op, quant_operand,
                        register_contract, to_backend)
 from .errors import ContractError, format_problem
-from .gemm import OUT_DTYPES, gemm_reference
+from .gemm import FP8_OPERANDS, OUT_DTYPES, gemm_reference
 from .layouts.constants import FP4_E2M1_MAX, MX_BLOCK_K, SCALE_AMAX_FLOOR
 from .layouts.fp4 import e2m1_encode, fp4_scale_from_amax, pack_e2m1
 from .layouts.ue8m0 import is_power_of_two
-from .quantization import FLOAT_INPUT_DTYPES, quantize_blocks_reference
+from .quantization import FLOAT_INPUT_DTYPES, dequantize_reference, quantize_blocks_reference
 from .tensors import PreparedTensor, QuantTensor, cdiv, describe
 
 #: dtypes DeepGEMM-style raw FP4 tuples may carry their packed bytes in
@@ -98,15 +98,36 @@ def swiglu_clamp_counts(x: torch.Tensor, valid: torch.Tensor, clamp: float) -> t
     return torch.stack([(gate > clamp).sum(), (up > clamp).sum(), (up < -clamp).sum()]).to(torch.int64)
 
 
+def fp8_fp4_gemm_nt_kernel(a, sfa, b, sfb, d, c, sfa_format, sfb_format, sfa_granularity, sfb_granularity) -> None:
+    """Reference kernel on the logical layout: a fp8, b packed e2m1 bytes, fp32 row-major scales."""
+    if d.numel() == 0:
+        return
+    da = dequantize_reference(QuantTensor(a, sfa, sfa_granularity))
+    db = dequantize_reference(QuantTensor(b, sfb, sfb_granularity, element="e2m1"))
+    d.copy_(gemm_reference(da, db, c))
+
+
+def swiglu_forward_and_per_token_cast_kernel(x, num_per_channels, round_sf, pos_to_token_topk, topk_weights,
+                                             pos_to_expert, swiglu_clamp_value, clamped_count):
+    """Reference kernel: adds this call's clamp counts into clamped_count (when given), then quantizes."""
+    if clamped_count is not None:
+        valid, _ = swiglu_rows(x.shape[0], pos_to_token_topk, topk_weights, pos_to_expert, x.device)
+        clamped_count += swiglu_clamp_counts(x, valid, swiglu_clamp_value)
+    return swiglu_forward_and_per_token_cast_reference(x, num_per_channels, round_sf, pos_to_token_topk,
+                                                       topk_weights, pos_to_expert, swiglu_clamp_value)
+
+
 PER_TOKEN_CAST_FP4 = register_contract(OpContract(
-    "per_token_cast_to_fp4", quantize_fp4_reference, Tolerance(dequantized=0.0, unquantized=2e-2)))
+    "per_token_cast_to_fp4", quantize_fp4_reference, Tolerance(dequantized=0.0, unquantized=2e-2),
+    kernel=quantize_fp4_reference))
 FP8_FP4_GEMM_NT = register_contract(OpContract(
     "fp8_fp4_gemm_nt", gemm_reference, Tolerance(dequantized=1e-6, unquantized=1e-2),
     # b is the weight operand ("rhs"); its scales are per row (1, 32), as DeepGEMM's mixed recipes
-    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (1, MX_BLOCK_K)))))
+    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (1, MX_BLOCK_K))),
+    fp8_fp4_gemm_nt_kernel, FP8_OPERANDS))
 SWIGLU_CAST = register_contract(OpContract(
     "swiglu_forward_and_per_token_cast", swiglu_forward_and_per_token_cast_reference,
-    Tolerance(dequantized=1e-5, unquantized=1e-3)))
+    Tolerance(dequantized=1e-5, unquantized=1e-3), kernel=swiglu_forward_and_per_token_cast_kernel))
 
 
 # -- shared checks ---------------------------------------------------------------------------------

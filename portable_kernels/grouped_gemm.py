@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 
-from .contract import OpContract, QuantArg, Tolerance, bind, public_op, quant_operand, register_contract
+from .contract import (KernelOperand, OpContract, QuantArg, Tolerance, bind, public_op, quant_operand,
+                       register_contract)
 from .errors import ContractError, format_problem
 from .layouts.errors import LayoutConversionError
 from .layouts.moe import contiguous_m_indices, counts_from_psum, m_indices_from_psum
+from .quantization import dequantize_reference
 from .registry import forced_backend, registry, select_backend
 from .tensors import PreparedTensor, QuantTensor, describe
 
@@ -80,19 +82,75 @@ def row_groups(grouped_layout: torch.Tensor, use_psum_layout: bool, alignment: i
     return m_indices_from_psum(grouped_layout, alignment, total_m)
 
 
+def _masked_rows(masked_m: torch.Tensor, max_m: int) -> torch.Tensor:
+    return torch.arange(max_m, device=masked_m.device)[None, :] < masked_m[:, None]
+
+
+def _write_contiguous(a, b, d, grouped_layout, use_psum_layout, alignment) -> None:
+    if d.numel() == 0:
+        return
+    groups = row_groups(grouped_layout, use_psum_layout, alignment, d.shape[0])
+    rows = groups >= 0
+    d[rows] = grouped_gemm_contiguous_reference(a, b, groups)[rows].to(d.dtype)
+
+
+def _write_masked(a, b, d, masked_m) -> None:
+    if d.numel() == 0:
+        return
+    rows = _masked_rows(masked_m, d.shape[1])
+    d[rows] = grouped_gemm_masked_reference(a, b)[rows].to(d.dtype)
+
+
+def m_grouped_fp8_gemm_nt_contiguous_kernel(a, sfa, b, sfb, d, grouped_layout, use_psum_layout, alignment,
+                                            expected_m, sfa_format, sfb_format, sfa_granularity,
+                                            sfb_granularity) -> None:
+    """Reference kernel on the logical layout: dequantize, multiply, write only the valid rows of d."""
+    da = dequantize_reference(QuantTensor(a, sfa, sfa_granularity))
+    db = dequantize_reference(QuantTensor(b, sfb, sfb_granularity))
+    _write_contiguous(da, db, d, grouped_layout, use_psum_layout, alignment)
+
+
+def m_grouped_fp8_gemm_nt_masked_kernel(a, sfa, b, sfb, d, masked_m, expected_m, sfa_format, sfb_format,
+                                        sfa_granularity, sfb_granularity) -> None:
+    """Reference kernel on the logical layout: rows >= masked_m[g] of d are left untouched."""
+    da = dequantize_reference(QuantTensor(a, sfa, sfa_granularity))
+    db = dequantize_reference(QuantTensor(b, sfb, sfb_granularity))
+    _write_masked(da, db, d, masked_m)
+
+
+def m_grouped_bf16_gemm_nt_contiguous_kernel(a, b, d, grouped_layout, use_psum_layout, alignment,
+                                             expected_m) -> None:
+    _write_contiguous(a, b, d, grouped_layout, use_psum_layout, alignment)
+
+
+def m_grouped_bf16_gemm_nt_masked_kernel(a, b, d, masked_m, expected_m) -> None:
+    _write_masked(a, b, d, masked_m)
+
+
+def _weight_shape(kwargs) -> tuple[int, int, int]:
+    """Logical [G, N, K] of the grouped weight, from the other operands (its bytes may be tiled)."""
+    return kwargs["b"].shape[0], kwargs["d"].shape[-1], kwargs["a"].shape[-1]
+
+
+GROUPED_FP8_OPERANDS = (KernelOperand("a", "sfa", "sfa_format", "sfa_granularity"),
+                        KernelOperand("b", "sfb", "sfb_format", "sfb_granularity", _weight_shape))
+
 M_GROUPED_FP8_CONTIGUOUS = register_contract(OpContract(
     "m_grouped_fp8_gemm_nt_contiguous", grouped_gemm_contiguous_reference,
     Tolerance(dequantized=1e-6, unquantized=1e-3),
-    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128)))))
+    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128))),
+    m_grouped_fp8_gemm_nt_contiguous_kernel, GROUPED_FP8_OPERANDS))
 M_GROUPED_FP8_MASKED = register_contract(OpContract(
     "m_grouped_fp8_gemm_nt_masked", grouped_gemm_masked_reference,
     Tolerance(dequantized=1e-6, unquantized=1e-3),
-    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128)))))
+    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128))),
+    m_grouped_fp8_gemm_nt_masked_kernel, GROUPED_FP8_OPERANDS))
 M_GROUPED_BF16_CONTIGUOUS = register_contract(OpContract(
     "m_grouped_bf16_gemm_nt_contiguous", grouped_gemm_contiguous_reference,
-    Tolerance(dequantized=1e-6, unquantized=1e-5)))
+    Tolerance(dequantized=1e-6, unquantized=1e-5), kernel=m_grouped_bf16_gemm_nt_contiguous_kernel))
 M_GROUPED_BF16_MASKED = register_contract(OpContract(
-    "m_grouped_bf16_gemm_nt_masked", grouped_gemm_masked_reference, Tolerance(dequantized=1e-6, unquantized=1e-5)))
+    "m_grouped_bf16_gemm_nt_masked", grouped_gemm_masked_reference, Tolerance(dequantized=1e-6, unquantized=1e-5),
+    kernel=m_grouped_bf16_gemm_nt_masked_kernel))
 
 
 def get_m_alignment_for_contiguous_layout(device: str | torch.device | None = None) -> int:

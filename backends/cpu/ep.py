@@ -3,15 +3,11 @@ simulated in this process (get_dispatch_layout is the one op a single rank runs 
 
 from __future__ import annotations
 
-from portable_kernels.ep import (combine_reference, dispatch_layout_reference, dispatch_reference,
+from portable_kernels.ep import (GET_DISPATCH_LAYOUT, combine_reference, dispatch_reference,
                                  low_latency_combine_reference, low_latency_dispatch_reference)
 from portable_kernels.registry import Registry
 
 from ._names import BACKEND, REFERENCE
-
-
-def get_dispatch_layout(topk_idx, num_experts, num_ranks):
-    return dispatch_layout_reference(topk_idx, num_experts, num_ranks)
 
 
 def simulate_dispatch(xs, x_scales, topk_idx, topk_weights, is_token_in_rank, num_experts, expert_alignment):
@@ -32,6 +28,7 @@ def simulate_low_latency_combine(xs, topk_idx, topk_weights, recv_src_info, recv
 
 
 def register(registry: Registry) -> None:
-    for fn in (get_dispatch_layout, simulate_dispatch, simulate_combine, simulate_low_latency_dispatch,
+    registry.kernel(GET_DISPATCH_LAYOUT.name, BACKEND, REFERENCE)(GET_DISPATCH_LAYOUT.kernel)
+    for fn in (simulate_dispatch, simulate_combine, simulate_low_latency_dispatch,
                simulate_low_latency_combine):
         registry.kernel(fn.__name__, BACKEND, REFERENCE)(fn)
