@@ -105,7 +105,10 @@ def _cases(gen: torch.Generator):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     header = f"{'case':40s} {'bytes':>11s} {'enc us':>10s} {'enc GB/s':>9s} {'clone us':>9s} {'clone GB/s':>10s} {'ratio':>6s}"

@@ -117,17 +117,15 @@ def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
             "pad K to an even length first"
         )
     # Little-endian, a pair (c0, c1) read as one int16 is c0 + 256*c1; OR-ing in its shift by 4
-    # puts c1 in the high nibble of the low byte (c0 < 16, so nothing else lands there). Reading
-    # four pairs as one int64 does the same for each pair's low byte; the odd bytes are dropped.
+    # puts c1 in the high nibble of the low byte (c0 < 16, so nothing else lands there), and
+    # narrowing each int16 to uint8 keeps that low byte. Shifting four pairs at once as one int64
+    # gives the same int16 halves (a nibble crossing into the next pair lands in its high byte).
     codes = codes.contiguous()
-    k = codes.shape[-1]
-    wide = torch.int64 if k % 8 == 0 else torch.int16
+    wide = torch.int64 if codes.shape[-1] % 8 == 0 else torch.int16
     words = codes.view(wide)
     mixed = words >> 4
     mixed |= words
-    out = torch.empty((*codes.shape[:-1], k // 2), dtype=torch.uint8, device=codes.device)
-    out.copy_(mixed.view(torch.uint8)[..., 0::2])
-    return out
+    return mixed.view(torch.int16).to(torch.uint8)
 
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
