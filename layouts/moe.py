@@ -15,7 +15,9 @@ the END row of group g, which occupies [align(psum[g-1], alignment), psum[g]). F
 psum = [3, 4, 9] (the empty group 1 is [4, 4)). The last group's trailing padding is NOT included:
 the tensor needs align(psum[-1], alignment) rows (12 here).
 
-Masked: A [G, max_m, K] with `masked_m` [G] int32 valid rows per group (every count <= max_m).
+Masked: A [G, max_m, K] with `masked_m` [G] int32 valid rows per group (every count <= max_m);
+its scales [G, max_m, ceil(K/128)] are TMA-aligned per group on NVIDIA, which is exactly
+`sm90_sfa_encode` of the grouped scales (stride(-3) = align(max_m, 4) * ceil(K/128)).
 """
 
 from __future__ import annotations

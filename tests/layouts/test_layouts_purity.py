@@ -50,3 +50,7 @@ def test_layout_conversion_error_is_a_value_error():
 def test_constants_match_formats():
     assert layouts.TMA_ALIGN_BYTES == 16 and layouts.FP8_E4M3_MAX == 448.0
     assert torch.finfo(torch.float8_e4m3fn).max == layouts.FP8_E4M3_MAX
+
+
+def test_torch_npu_format_ids():
+    assert (layouts.ACL_FORMAT_ND, layouts.ACL_FORMAT_FRACTAL_NZ) == (2, 29)
