@@ -1,4 +1,4 @@
-"""Command line: `python -m portable_kernels {demo,doctor,conformance}` (also installed as `portable-kernels`)."""
+"""Command line: `python -m portable_kernels {demo,doctor,conformance,layouts}` (also installed as `portable-kernels`)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,13 @@ def _conformance(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _layouts(args: argparse.Namespace) -> int:
+    from .layout_plots import plot_scale_layouts
+    for path in plot_scale_layouts(args.plot):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .demo import DEMO_SHAPE
     parser = argparse.ArgumentParser(prog="portable_kernels", description=__doc__)
@@ -43,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     doctor = sub.add_parser("doctor", help="list backends, their devices, providers and availability")
     doctor.set_defaults(func=_doctor)
+    lay = sub.add_parser("layouts", help="draw the per-chip byte layouts (needs the [plot] extra: matplotlib)")
+    lay.add_argument("--plot", metavar="DIR", required=True, help="folder to write the PNGs into")
+    lay.set_defaults(func=_layouts)
     conf = sub.add_parser("conformance", help="run every op's contract cases on one backend")
     conf.add_argument("--backend", default=None, help="backend name (default: cpu)")
     conf.add_argument("--quick", action="store_true", help="fewer, smaller cases")

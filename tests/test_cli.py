@@ -28,3 +28,13 @@ def test_doctor_lists_cpu_and_its_providers(capsys):
 def test_conformance_cli_exit_code_reflects_the_report(capsys):
     assert main(["conformance", "--quick", "--ops", "fp8_gemm_nt", "per_token_cast_to_fp8"]) == 0
     assert "PASS" in capsys.readouterr().out
+
+
+def test_layouts_plot_writes_the_pictures(tmp_path, capsys):
+    assert main(["layouts", "--plot", str(tmp_path)]) == 0
+    written = capsys.readouterr().out.split()
+    assert {p.rsplit("/", 1)[-1] for p in written} >= {"scale_layouts_m3_k512.png", "fp4_nibble_packing.png",
+                                                       "nz_tiles.png"}
+    for path in written:
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
