@@ -111,7 +111,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    header = f"{'case':40s} {'bytes':>11s} {'enc us':>10s} {'enc GB/s':>9s} {'clone us':>9s} {'clone GB/s':>10s} {'ratio':>6s}"
+    header = (
+        f"{'case':40s} {'bytes':>11s} {'enc us':>10s} {'enc GB/s':>9s} {'clone us':>9s} {'clone GB/s':>10s} {'ratio':>6s}"
+    )
     print(header)
     print("-" * len(header))
     for name, fn, inp in _cases(gen):
@@ -120,7 +122,10 @@ def main() -> None:
         buf = torch.empty(max(1, moved // 2), dtype=torch.uint8)
         t_enc, t_clone = _time_pair(fn, buf.clone, args.repeat)
         enc_gbs, clone_gbs = moved / t_enc / 1e9, 2 * buf.numel() / t_clone / 1e9
-        print(f"{name:40s} {moved:11d} {t_enc * 1e6:10.1f} {enc_gbs:9.2f} {t_clone * 1e6:9.1f} {clone_gbs:10.2f} {enc_gbs / clone_gbs:6.2f}")
+        ratio = enc_gbs / clone_gbs
+        print(
+            f"{name:40s} {moved:11d} {t_enc * 1e6:10.1f} {enc_gbs:9.2f} {t_clone * 1e6:9.1f} {clone_gbs:10.2f} {ratio:6.2f}"
+        )
 
 
 if __name__ == "__main__":

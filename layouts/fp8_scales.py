@@ -127,7 +127,8 @@ def _mn_major_exponents(
     if words != ceil_div(num_k_blocks, per_word):
         raise LayoutConversionError(
             f"{name} has {words} words per row but num_k_blocks={num_k_blocks} needs "
-            f"ceil({num_k_blocks}/{per_word}) = {ceil_div(num_k_blocks, per_word)}; pass the K-block count used to encode"
+            f"ceil({num_k_blocks}/{per_word}) = {ceil_div(num_k_blocks, per_word)}; "
+            "pass the K-block count used to encode"
         )
     byte_rows = p.transpose(1, 2).contiguous().view(torch.uint8).view(g, words, mn, per_word)
     e = byte_rows.permute(0, 2, 1, 3).reshape(g, mn, words * per_word)
@@ -303,7 +304,8 @@ def regranularize_k(sf: torch.Tensor, k: int, from_gran: int, to_gran: int) -> t
     n_in, n_out = ceil_div(k, from_gran), ceil_div(k, to_gran)
     if sf.shape[-1] != n_in:
         raise LayoutConversionError(
-            f"sf has {sf.shape[-1]} K-blocks but k={k} with granularity {from_gran} needs ceil({k}/{from_gran}) = {n_in}"
+            f"sf has {sf.shape[-1]} K-blocks but k={k} with granularity {from_gran} "
+            f"needs ceil({k}/{from_gran}) = {n_in}"
         )
     if from_gran % to_gran == 0:
         src = torch.arange(n_out, device=sf.device) * to_gran // from_gran
@@ -358,7 +360,7 @@ def ascend_mx_encode(sf32: torch.Tensor) -> torch.Tensor:
 def ascend_mx_encode_from_blocks(
     sf: torch.Tensor, mn: int, k: int, block_mn: int = FP8_BLOCK_MN, block_k: int = FP8_BLOCK_K
 ) -> torch.Tensor:
-    """Ascend MX scales straight from (block_mn x block_k) power-of-two scales `[(G,) ceil(MN/block_mn), ceil(K/block_k)]`.
+    """Ascend MX scales straight from power-of-two block scales `[(G,) ceil(MN/block_mn), ceil(K/block_k)]`.
 
     Same result as `ascend_mx_encode(regranularize_k(broadcast_block_scales_to_rows(sf, mn, block_mn),
     k, block_k, 32))`; block_k must be a multiple of 32. Use block_mn = 1 for (1, 128) activation

@@ -93,7 +93,9 @@ def counts_from_m_indices(m_indices: torch.Tensor, num_groups: int) -> torch.Ten
     require_positive_int("num_groups", num_groups)
     m = _int_vector("m_indices", m_indices)
     if bool(((m < -1) | (m >= num_groups)).any()):
-        raise LayoutConversionError(f"m_indices values must be -1 or in [0, {num_groups}), got min {int(m.min())}, max {int(m.max())}")
+        raise LayoutConversionError(
+            f"m_indices values must be -1 or in [0, {num_groups}), got min {int(m.min())}, max {int(m.max())}"
+        )
     return torch.bincount(m[m >= 0], minlength=num_groups).to(torch.int32)
 
 

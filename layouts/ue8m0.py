@@ -57,8 +57,8 @@ def is_power_of_two(sf: torch.Tensor) -> bool:
 
     >>> is_power_of_two(torch.tensor([1.0, 0.5, 2.0 ** -126, 2.0 ** 127]))
     True
-    >>> is_power_of_two(torch.tensor([1.5])), is_power_of_two(torch.tensor([-2.0])), is_power_of_two(torch.tensor([0.0]))
-    (False, False, False)
+    >>> [is_power_of_two(torch.tensor([v])) for v in (1.5, -2.0, 0.0)]
+    [False, False, False]
     """
     return _pow2_exponents(sf) is not None
 

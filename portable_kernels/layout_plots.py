@@ -207,8 +207,9 @@ def plot_nz_tiles(out_dir: str | pathlib.Path, m: int = 20, n: int = 40) -> path
     for j in range(n1):
         for i in range(m1):
             top, bottom = i * rows, min((i + 1) * rows, m)
-            left.text((j + 0.5) * c0 - 0.5 if (j + 1) * c0 <= n else (j * c0 + n) / 2 - 0.5, (top + bottom) / 2 - 0.5,
-                      f"[{j}][{i}]", ha="center", va="center", fontsize=9, color="white", fontweight="bold")  # fmt: skip
+            x = (j * c0 + min((j + 1) * c0, n)) / 2 - 0.5
+            y = (top + bottom) / 2 - 0.5
+            left.text(x, y, f"[{j}][{i}]", ha="center", va="center", fontsize=9, color="white", fontweight="bold")
     right.imshow(flat_tile.numpy(), cmap=cmap, vmin=0, vmax=9, aspect="auto", interpolation="nearest")
     right.set_title(f"NZ memory [{n1}, {m1}, 16, {c0}] in address order\none line = one 32-byte row of a tile; "
                     "grey = zero padding", fontsize=9)  # fmt: skip

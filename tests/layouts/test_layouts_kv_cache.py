@@ -93,8 +93,10 @@ def test_round_trip_error_within_half_e4m3_step(tokens, log_mag, seed):
 
 def test_bf16_dequantization_is_lossless():
     g = generator()
-    packed = pack_fp8_kv_cache(torch.randn(8, 512, generator=g) * 30, torch.randn(8, 64, generator=g).to(torch.bfloat16))
-    assert torch.equal(dequantize_fp8_kv_cache(packed, torch.bfloat16).float(), dequantize_fp8_kv_cache(packed, torch.float32))
+    rope = torch.randn(8, 64, generator=g).to(torch.bfloat16)
+    packed = pack_fp8_kv_cache(torch.randn(8, 512, generator=g) * 30, rope)
+    as_bf16 = dequantize_fp8_kv_cache(packed, torch.bfloat16)
+    assert torch.equal(as_bf16.float(), dequantize_fp8_kv_cache(packed, torch.float32))
 
 
 def test_out_of_range_values_never_reach_the_cast():

@@ -1,6 +1,8 @@
 """The layouts package imports torch and the standard library only, and exports what it promises."""
 
 import ast
+import doctest
+import importlib
 import pathlib
 import sys
 
@@ -54,3 +56,13 @@ def test_constants_match_formats():
 
 def test_torch_npu_format_ids():
     assert (layouts.ACL_FORMAT_ND, layouts.ACL_FORMAT_FRACTAL_NZ) == (2, 29)
+
+
+def test_docstring_examples_run():
+    attempted = 0
+    for path in sorted(PACKAGE_DIR.glob("*.py")):
+        name = "portable_kernels.layouts" if path.stem == "__init__" else f"portable_kernels.layouts.{path.stem}"
+        result = doctest.testmod(importlib.import_module(name))
+        assert result.failed == 0, f"{path.name}: {result.failed} doctest failures"
+        attempted += result.attempted
+    assert attempted > 0
