@@ -11,8 +11,7 @@
 from __future__ import annotations
 
 from portable_kernels.layout import Layout
-from portable_kernels.layouts import (MX_BLOCK_K, ascend_mx_decode, ascend_mx_encode, broadcast_block_scales_to_rows,
-                                      nd_to_nz, nz_to_nd, regranularize_k)
+from portable_kernels.layouts import MX_BLOCK_K, ascend_mx_decode, ascend_mx_encode_from_blocks, nd_to_nz, nz_to_nd
 from portable_kernels.tensors import PreparedTensor, QuantTensor, cdiv
 
 MX_FORMAT = "ascend-mx-ue8m0-int16-mn-major"
@@ -20,9 +19,10 @@ MX_NZ_FORMAT = "ascend-mx-ue8m0-int16-mn-major+nz-data"
 
 
 def _mx_scales(qt: QuantTensor):
+    """Scales replicated to one per (row, 32 K) while packing (exact), two exponents per int16."""
     gm, gk = qt.granularity
-    rows = qt.scale if gm == 1 else broadcast_block_scales_to_rows(qt.scale, qt.shape[-2], gm)
-    return ascend_mx_encode(regranularize_k(rows, qt.shape[-1], gk, MX_BLOCK_K)), (1, MX_BLOCK_K)
+    *_, mn, k = qt.shape
+    return ascend_mx_encode_from_blocks(qt.scale, mn, k, block_mn=gm, block_k=gk), (1, MX_BLOCK_K)
 
 
 def _mx_scale_decode(p: PreparedTensor):

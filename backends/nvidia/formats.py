@@ -10,8 +10,8 @@ Data bytes (fp8 e4m3, or packed e2m1) are K-major and unchanged on both.
 from __future__ import annotations
 
 from portable_kernels.layout import Layout
-from portable_kernels.layouts import (broadcast_block_scales_to_rows, sm90_sfa_decode, sm90_sfa_encode,
-                                      sm90_sfb_decode, sm90_sfb_encode, sm100_ue8m0_decode, sm100_ue8m0_encode)
+from portable_kernels.layouts import (sm90_sfa_decode, sm90_sfa_encode, sm90_sfb_decode, sm90_sfb_encode,
+                                      sm100_ue8m0_decode, sm100_ue8m0_encode_from_blocks)
 from portable_kernels.tensors import PreparedTensor, QuantTensor, cdiv
 
 SM90 = "sm90"
@@ -33,17 +33,9 @@ def _sm90_decode(p: PreparedTensor) -> QuantTensor:
     return QuantTensor(p.data, scale, gran, p.ue8m0, p.element)
 
 
-def per_row_scales(qt: QuantTensor):
-    """Scales with one row per MN row (block scales replicated along MN; exact)."""
-    gm, gk = qt.granularity
-    if gm == 1:
-        return qt.scale, (1, gk)
-    return broadcast_block_scales_to_rows(qt.scale, qt.shape[-2], gm), (1, gk)
-
-
 def _sm100_encode(qt: QuantTensor):
-    rows, gran = per_row_scales(qt)
-    return qt.data.contiguous(), sm100_ue8m0_encode(rows), gran
+    gm, gk = qt.granularity  # block scales are replicated to one per row while packing (exact)
+    return qt.data.contiguous(), sm100_ue8m0_encode_from_blocks(qt.scale, qt.shape[-2], gm), (1, gk)
 
 
 def _sm100_decode(p: PreparedTensor) -> QuantTensor:

@@ -16,7 +16,7 @@ from ..layouts.constants import MX_BLOCK_K
 from ..prepare import prepare_inputs
 from ..quantization import dequantize_reference, quantize_blocks_reference
 from ..tensors import QuantTensor
-from .checks import assert_close, assert_written
+from .checks import assert_close, assert_quantization_matches, assert_written
 from .core import Case, CaseFailure, conformance_cases
 from .generators import generator, poison, randn
 
@@ -38,11 +38,9 @@ def _cast_case(shape, gran_k: int, ue8m0: bool, seed: int, device: torch.device)
     want_data, want_scale = quantize_fp4_reference(x.cpu(), gran_k, ue8m0)
     if q.element != "e2m1" or tuple(q.granularity) != (1, gran_k):
         raise CaseFailure(f"result is {q!r}; expected an e2m1 QuantTensor with granularity (1, {gran_k})")
-    if not torch.equal(q.scale.cpu(), want_scale):
-        raise CaseFailure(f"scales differ from the reference (max abs diff "
-                          f"{(q.scale.cpu() - want_scale).abs().max().item():.3e})")
-    if not torch.equal(q.data.cpu(), want_data):
-        raise CaseFailure(f"{int((q.data.cpu() != want_data).sum())} packed FP4 bytes differ from the reference")
+    want = QuantTensor(want_data, want_scale, (1, gran_k), ue8m0, element="e2m1")
+    assert_quantization_matches(q.scale, dequantize_reference(q), q.data, want_scale, dequantize_reference(want),
+                                want_data, exact_scales=ue8m0)
     return assert_close(dequantize_reference(q), x.float(), PER_TOKEN_CAST_FP4.tolerance.unquantized,
                         "dequantized vs input")
 

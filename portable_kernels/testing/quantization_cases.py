@@ -8,8 +8,9 @@ import torch
 
 from ..quantization import (PER_TOKEN_CAST, dequantize_reference, per_block_cast_to_fp8, per_token_cast_to_fp8,
                             quantize_blocks_reference)
-from .checks import assert_close
-from .core import Case, CaseFailure, conformance_cases
+from ..tensors import QuantTensor
+from .checks import assert_close, assert_quantization_matches
+from .core import Case, conformance_cases
 from .generators import randn
 
 QUICK_SHAPES = [(1, 128), (3, 300), (64, 1024), (130, 7)]
@@ -22,13 +23,9 @@ def _check(shape, block, ue8m0, seed, device) -> float:
         q = per_token_cast_to_fp8(x, gran_k=block[1], use_ue8m0=ue8m0)
     else:
         q = per_block_cast_to_fp8(x, block=block, use_ue8m0=ue8m0)
-    want_data, want_scale = quantize_blocks_reference(x.cpu(), block[0], block[1], ue8m0)
-    if not torch.equal(q.scale.cpu(), want_scale):
-        raise CaseFailure(f"scales differ from the reference (max abs diff "
-                          f"{(q.scale.cpu() - want_scale).abs().max().item():.3e})")
-    if not torch.equal(q.data.cpu().view(torch.uint8), want_data.view(torch.uint8)):
-        mismatched = (q.data.cpu().view(torch.uint8) != want_data.view(torch.uint8)).sum().item()
-        raise CaseFailure(f"{mismatched} fp8 bytes differ from the reference")
+    want = QuantTensor(*quantize_blocks_reference(x.cpu(), block[0], block[1], ue8m0), block, ue8m0)
+    assert_quantization_matches(q.scale, dequantize_reference(q), q.data.view(torch.uint8), want.scale,
+                                dequantize_reference(want), want.data.view(torch.uint8), exact_scales=ue8m0)
     return assert_close(dequantize_reference(q), x.float(), PER_TOKEN_CAST.tolerance.unquantized,
                         "dequantized vs input")
 

@@ -61,6 +61,7 @@ def check_topk(input: torch.Tensor, k: int, end: torch.Tensor | None, values: to
     x = input.cpu()
     b, n = x.shape
     indices = indices.cpu()
+    values = None if values is None else values.cpu()
     if indices.dtype != indices_type or tuple(indices.shape) != (b, k):
         raise CaseFailure(f"indices: {indices.dtype} {tuple(indices.shape)}, expected {indices_type} {(b, k)}")
     if not return_value:
