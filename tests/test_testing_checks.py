@@ -6,15 +6,13 @@ import pytest
 import torch
 
 import portable_kernels as pk
-from portable_kernels.quantization import dequantize_reference
 from portable_kernels.testing.checks import SCALE_RTOL, assert_quantization_matches
 from portable_kernels.testing.core import CaseFailure
 from portable_kernels.testing.generators import randn
 
 
 def _check(q, ref, exact=False):
-    assert_quantization_matches(q.scale, dequantize_reference(q), q.data.view(torch.uint8), ref.scale,
-                                dequantize_reference(ref), ref.data.view(torch.uint8), exact_scales=exact)
+    assert_quantization_matches(q, ref, exact_scales=exact)
 
 
 def _ref():
@@ -40,10 +38,34 @@ def test_scale_off_by_more_than_the_tolerance_fails():
         _check(off, ref)
 
 
-def test_many_changed_codes_fail():
+def _with_codes(ref, codes):
+    return pk.QuantTensor(codes.view(torch.float8_e4m3fn), ref.scale, ref.granularity)
+
+
+def test_a_few_one_step_rounding_flips_pass():
     ref = _ref()
-    flipped = ref.data.view(torch.uint8).clone()
-    flipped[:, ::7] ^= 1
-    bad = pk.QuantTensor(flipped.view(torch.float8_e4m3fn), ref.scale, ref.granularity)
-    with pytest.raises(CaseFailure, match="quantized bytes differ"):
-        _check(bad, ref)
+    codes = ref.data.view(torch.uint8).clone()
+    codes[0, :20] += torch.where(codes[0, :20] & 0x7F < 0x7E, 1, -1).to(torch.uint8)
+    _check(_with_codes(ref, codes), ref)
+
+
+def test_systematic_one_step_flips_fail():
+    ref = _ref()
+    codes = ref.data.view(torch.uint8).clone()
+    codes[:, ::7] ^= 1
+    with pytest.raises(CaseFailure, match="by one step"):
+        _check(_with_codes(ref, codes), ref)
+
+
+def test_a_code_two_steps_away_fails():
+    ref = _ref()
+    codes = ref.data.view(torch.uint8).clone()
+    codes[3, 5] = (codes[3, 5] & 0x80) | ((codes[3, 5] & 0x7F) + 2 if codes[3, 5] & 0x7F < 0x70 else 0)
+    with pytest.raises(CaseFailure, match="more than one step"):
+        _check(_with_codes(ref, codes), ref)
+
+
+def test_fp4_codes_are_compared_by_magnitude_rank():
+    x = randn(16, 256, seed=3)
+    q = pk.per_token_cast_to_fp4(x)
+    _check(q, q, exact=True)

@@ -39,8 +39,7 @@ def _cast_case(shape, gran_k: int, ue8m0: bool, seed: int, device: torch.device)
     if q.element != "e2m1" or tuple(q.granularity) != (1, gran_k):
         raise CaseFailure(f"result is {q!r}; expected an e2m1 QuantTensor with granularity (1, {gran_k})")
     want = QuantTensor(want_data, want_scale, (1, gran_k), ue8m0, element="e2m1")
-    assert_quantization_matches(q.scale, dequantize_reference(q), q.data, want_scale, dequantize_reference(want),
-                                want_data, exact_scales=ue8m0)
+    assert_quantization_matches(q, want, exact_scales=ue8m0)
     return assert_close(dequantize_reference(q), x.float(), PER_TOKEN_CAST_FP4.tolerance.unquantized,
                         "dequantized vs input")
 

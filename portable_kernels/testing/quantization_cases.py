@@ -24,8 +24,7 @@ def _check(shape, block, ue8m0, seed, device) -> float:
     else:
         q = per_block_cast_to_fp8(x, block=block, use_ue8m0=ue8m0)
     want = QuantTensor(*quantize_blocks_reference(x.cpu(), block[0], block[1], ue8m0), block, ue8m0)
-    assert_quantization_matches(q.scale, dequantize_reference(q), q.data.view(torch.uint8), want.scale,
-                                dequantize_reference(want), want.data.view(torch.uint8), exact_scales=ue8m0)
+    assert_quantization_matches(q, want, exact_scales=ue8m0)
     return assert_close(dequantize_reference(q), x.float(), PER_TOKEN_CAST.tolerance.unquantized,
                         "dequantized vs input")
 
