@@ -7,6 +7,7 @@ bind (backend selection + implicit conversion, counted) -> BoundCall.run -> prov
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import attrs
@@ -89,6 +90,22 @@ class OpContract:
                 return qa
         known = ", ".join(q.name for q in self.quant_args) or "none"
         raise ContractError(f"{self.name}: '{name}' is not a quantized argument (quantized arguments: {known}).")
+
+
+#: set to 1 to run data-dependent checks on accelerator tensors too (each costs a host sync)
+VALUE_CHECKS_ENV = "PK_CHECK_VALUES"
+
+
+def checks_values(*tensors: torch.Tensor | None) -> bool:
+    """Whether checks that read tensor values on the host (index ranges, NaN, layouts) run here.
+
+    Always for CPU tensors. On an accelerator only with PK_CHECK_VALUES=1: reading device memory
+    costs a synchronization per call, so there the backend's kernels must stay memory-safe on
+    any value (they clamp or skip, never read or write out of bounds).
+    """
+    if all(t is None or t.device.type == "cpu" for t in tensors):
+        return True
+    return os.environ.get(VALUE_CHECKS_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 _CONTRACTS: dict[str, OpContract] = {}

@@ -17,7 +17,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from .contract import (BoundCall, OpContract, QuantArg, Tolerance, bind, get_contract, public_op, quant_operand,
+from .contract import (BoundCall, OpContract, QuantArg, Tolerance, bind, checks_values, get_contract, public_op,
+                       quant_operand,
                        register_contract, to_backend)
 from .errors import ContractError, format_problem
 from .gemm import FP8_OPERANDS, OUT_DTYPES, gemm_reference
@@ -143,9 +144,9 @@ def _check_positive_int(op: str, arg: str, value: Any, fix: str) -> None:
         raise ContractError(format_problem(op, arg, repr(value), "a positive int", fix))
 
 
-def _check_finite_on_cpu(op: str, x: torch.Tensor) -> None:
-    # Only where reading the data costs no device sync; NaN/Inf have no E2M1 code.
-    if x.device.type == "cpu" and x.numel() and not bool(torch.isfinite(x).all()):
+def _check_finite_values(op: str, x: torch.Tensor) -> None:
+    # Only where reading the data costs no device sync (contract.checks_values); NaN/Inf have no E2M1 code.
+    if checks_values(x) and x.numel() and not bool(torch.isfinite(x).all()):
         raise ContractError(format_problem(op, "x", "a tensor with NaN or Inf values", "finite values",
                                            "E2M1 has no NaN/Inf code; clean the input before quantizing"))
 
@@ -192,7 +193,7 @@ def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: 
     _check_positive_int(op, "gran_k", gran_k, "pass e.g. gran_k=32 (keywords: per_token_cast_to_fp4(x, "
                                               "gran_k=32, use_ue8m0=True))")
     _check_bool(op, "use_ue8m0", use_ue8m0)
-    _check_finite_on_cpu(op, x)
+    _check_finite_values(op, x)
     target = _target(prepare_for, arg)
     call = bind(PER_TOKEN_CAST_FP4, {}, [x])
     data, scale = call.run(x=x, gran_k=gran_k, use_ue8m0=use_ue8m0)
@@ -378,7 +379,7 @@ def _check_swiglu_args(op: str, x: Any, fmt: Any, num_per_channels: Any, pos_to_
 
 def _check_swiglu_values(op: str, pos_to_token_topk: torch.Tensor | None, topk_weights: torch.Tensor | None,
                          pos_to_expert: torch.Tensor | None) -> None:
-    if pos_to_token_topk is not None and pos_to_token_topk.device.type == "cpu" and pos_to_token_topk.numel():
+    if pos_to_token_topk is not None and checks_values(pos_to_token_topk) and pos_to_token_topk.numel():
         limit = topk_weights.numel()
         bad = (pos_to_token_topk < -1) | (pos_to_token_topk >= limit)
         if bool(bad.any()):
@@ -386,7 +387,7 @@ def _check_swiglu_values(op: str, pos_to_token_topk: torch.Tensor | None, topk_w
             raise ContractError(format_problem(op, "pos_to_token_topk", f"{int(pos_to_token_topk[row])} at row {row}",
                                                f"-1 (padding) or a slot in [0, {limit}) of topk_weights",
                                                "pass the mapping built for these topk_weights"))
-    if pos_to_expert is not None and pos_to_expert.device.type == "cpu" and pos_to_expert.numel():
+    if pos_to_expert is not None and checks_values(pos_to_expert) and pos_to_expert.numel():
         bad = pos_to_expert < -1
         if bool(bad.any()):
             row = int(torch.nonzero(bad)[0])

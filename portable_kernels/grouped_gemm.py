@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .contract import (KernelOperand, OpContract, QuantArg, Tolerance, bind, public_op, quant_operand,
+from .contract import (KernelOperand, OpContract, QuantArg, Tolerance, bind, checks_values, public_op, quant_operand,
                        register_contract)
 from .errors import ContractError, format_problem
 from .layouts.errors import LayoutConversionError
@@ -342,8 +342,8 @@ def _alignment(op: str, quant: dict[str, QuantTensor | PreparedTensor], tensors:
 
 def _check_layout_values(op: str, grouped_layout: torch.Tensor, use_psum_layout: bool, num_groups: int,
                          total_m: int, alignment: int) -> None:
-    if grouped_layout.device.type != "cpu":
-        return  # reading device memory would synchronize; see the module docstring
+    if not checks_values(grouped_layout):
+        return  # reading device memory would synchronize; see contract.checks_values
     if use_psum_layout:
         _check_psum_values(op, grouped_layout, total_m, alignment)
     else:
@@ -408,7 +408,7 @@ def m_grouped_fp8_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: torc
     _check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", qa.device,
                         "pass torch.tensor(counts, dtype=torch.int32)")
     _check_host_int(op, "expected_m", expected_m)
-    if masked_m.device.type == "cpu":
+    if checks_values(masked_m):
         _check_masked_m_values(op, masked_m, max_m)
     call = bind(M_GROUPED_FP8_MASKED, {"a": qa, "b": qb}, [d, masked_m])
     pa, pb = call.quant["a"], call.quant["b"]
@@ -453,7 +453,7 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     _check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", a.device,
                         "pass torch.tensor(counts, dtype=torch.int32)")
     _check_host_int(op, "expected_m", expected_m)
-    if masked_m.device.type == "cpu":
+    if checks_values(masked_m):
         _check_masked_m_values(op, masked_m, max_m)
     call = bind(M_GROUPED_BF16_MASKED, {}, [a, b, d, masked_m])
     call.run(a=a, b=b, d=d, masked_m=masked_m, expected_m=expected_m)

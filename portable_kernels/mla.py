@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import torch
 
-from .contract import OpContract, Tolerance, bind, public_op, register_contract
+from .contract import OpContract, Tolerance, bind, checks_values, public_op, register_contract
 from .errors import ContractError, format_problem
 from .layouts.constants import KV_FP8_BYTES_PER_TOKEN, KV_HEAD_DIM, KV_LATENT_DIM
 from .layouts.kv_cache import dequantize_fp8_kv_cache
@@ -227,18 +227,12 @@ def _check_cache_seqlens(op: str, cache_seqlens: Any, batch: int | None) -> None
                                            f"[b] = [{batch}] like q", "pass one length per sequence of q"))
 
 
-def _data_checked(t: torch.Tensor) -> bool:
-    """Data-dependent checks read values on the host: done for CPU tensors only (on an accelerator
-    they would cost a device sync per call; there the backend's kernel owns them)."""
-    return t.device.type == "cpu"
-
-
 def _check_dense_paging(op: str, k_cache: torch.Tensor, block_table: torch.Tensor,
                         cache_seqlens: torch.Tensor) -> None:
     num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
     max_blocks = block_table.shape[1]
     capacity = max_blocks * block_size
-    if not _data_checked(cache_seqlens):
+    if not checks_values(cache_seqlens):
         return
     bad = (cache_seqlens < 0) | (cache_seqlens > capacity)
     if bool(bad.any()):
@@ -275,7 +269,7 @@ def _check_indices(op: str, indices: Any, k_cache: torch.Tensor, b: int, s_q: in
         raise ContractError(format_problem(op, "causal", "True with indices (sparse decode)", "causal=False",
                                            "encode visibility in indices (-1 for hidden keys) and pass causal=False"))
     total = k_cache.shape[0] * k_cache.shape[1]
-    if _data_checked(indices):
+    if checks_values(indices):
         bad = (indices < INVALID_INDEX) | (indices >= total)
         if bool(bad.any()):
             at = tuple(int(v) for v in bad.nonzero()[0])

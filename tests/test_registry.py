@@ -122,3 +122,13 @@ def test_call_on_backend_without_provider_raises_no_kernel_error(exp_backend):
     x = randn(2, 64, seed=1)
     with pk.use_backend(exp_backend), pytest.raises(pk.NoKernelError, match="bf16_gemm_nt"):
         pk.bf16_gemm_nt(x.bfloat16(), x.bfloat16(), torch.empty(2, 2))
+
+
+def test_value_checks_run_on_cpu_and_on_accelerators_only_when_asked(monkeypatch):
+    from portable_kernels.contract import checks_values
+    cpu, meta = torch.zeros(1), torch.zeros(1, device="meta")
+    assert checks_values(cpu) and checks_values(None)
+    monkeypatch.delenv("PK_CHECK_VALUES", raising=False)
+    assert not checks_values(cpu, meta)
+    monkeypatch.setenv("PK_CHECK_VALUES", "1")
+    assert checks_values(meta)
