@@ -21,7 +21,7 @@ from .contract import (BoundCall, OpContract, QuantArg, Tolerance, bind, checks_
                        quant_operand,
                        register_contract, to_backend)
 from .errors import ContractError, format_problem
-from .gemm import FP8_OPERANDS, OUT_DTYPES, gemm_reference
+from .gemm import FP8_OPERANDS, check_gemm_output, gemm_reference
 from .layouts.constants import FP4_E2M1_MAX, MX_BLOCK_K, SCALE_AMAX_FLOOR
 from .layouts.fp4 import e2m1_encode, fp4_scale_from_amax, pack_e2m1
 from .layouts.ue8m0 import is_power_of_two
@@ -261,28 +261,6 @@ def _check_fp8_fp4_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTe
         raise ContractError(format_problem(op, "b", f"on {b.device}", f"on {a.device} like a", "move b to a's device"))
 
 
-def _check_gemm_output(op: str, d: Any, c: Any, m: int, n: int, device: torch.device) -> None:
-    if not isinstance(d, torch.Tensor) or d.dtype not in OUT_DTYPES:
-        raise ContractError(format_problem(op, "d", describe(d), f"a tensor of dtype {OUT_DTYPES}",
-                                           "allocate d = torch.empty(M, N, dtype=torch.bfloat16)"))
-    if tuple(d.shape) != (m, n):
-        raise ContractError(format_problem(op, "d", f"of shape {tuple(d.shape)}", f"[M, N] = [{m}, {n}]",
-                                           "allocate d with M rows of A and N rows of B"))
-    if not d.is_contiguous():
-        raise ContractError(format_problem(op, "d", f"non-contiguous (strides {d.stride()})", "row-major contiguous",
-                                           "pass a contiguous tensor and copy afterwards"))
-    if d.device != device:
-        raise ContractError(format_problem(op, "d", f"on {d.device}", f"on {device} like the operands",
-                                           "allocate d on the operands' device"))
-    if c is None:
-        return
-    if not isinstance(c, torch.Tensor) or c.dtype not in (torch.float32, d.dtype) or tuple(c.shape) != (m, n):
-        raise ContractError(format_problem(op, "c", describe(c), f"None or a float32 (or d's dtype) [{m}, {n}] tensor",
-                                           "pass the accumulator with D's shape"))
-    if c.device != device:
-        raise ContractError(format_problem(op, "c", f"on {c.device}", f"on {device}", "move c to the operands' device"))
-
-
 @public_op(FP8_FP4_GEMM_NT)
 def fp8_fp4_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None,
                     recipe_a: Any = None, recipe_b: Any = None) -> None:
@@ -301,7 +279,7 @@ def fp8_fp4_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = No
     qb = _fp4_operand(FP8_FP4_GEMM_NT, "b", b)
     _check_fp8_fp4_operands(op, qa, qb)
     _check_recipes(op, qa, qb, recipe, recipe_a, recipe_b)
-    _check_gemm_output(op, d, c, qa.shape[0], qb.shape[0], qa.device)
+    check_gemm_output(op, d, c, (qa.shape[0], qb.shape[0]), qa.device)
     call = bind(FP8_FP4_GEMM_NT, {"a": qa, "b": qb}, [d, c])
     pa, pb = call.quant["a"], call.quant["b"]
     call.run(a=pa.data, sfa=pa.scale, b=pb.data, sfb=pb.scale, d=d, c=c,

@@ -54,24 +54,27 @@ BF16_GEMM_NT = register_contract(OpContract(
     "bf16_gemm_nt", gemm_reference, Tolerance(dequantized=1e-6, unquantized=1e-5), (), bf16_gemm_nt_kernel))
 
 
-def _check_output(op: str, d: Any, c: Any, m: int, n: int, device: torch.device) -> None:
+def check_gemm_output(op: str, d: Any, c: Any, shape: tuple[int, ...], device: torch.device) -> None:
+    """d: bf16/fp32, row-major contiguous, of `shape` ([M, N] or [G, max_m, N]), on the operands'
+    device; c (if given): fp32 or d's dtype with the same shape and device. Shared by every GEMM."""
+    names = "[M, N]" if len(shape) == 2 else "[G, max_m, N]"
     if not isinstance(d, torch.Tensor) or d.dtype not in OUT_DTYPES:
         raise ContractError(format_problem(op, "d", describe(d), f"a tensor of dtype {OUT_DTYPES}",
-                                           "allocate d = torch.empty(M, N, dtype=torch.bfloat16)"))
-    if tuple(d.shape) != (m, n):
-        raise ContractError(format_problem(op, "d", f"of shape {tuple(d.shape)}", f"[M, N] = [{m}, {n}]",
-                                           "allocate d with M rows of A and N rows of B"))
+                                           f"allocate d = torch.empty({names[1:-1]}, dtype=torch.bfloat16)"))
+    if tuple(d.shape) != tuple(shape):
+        raise ContractError(format_problem(op, "d", f"of shape {tuple(d.shape)}", f"{names} = {list(shape)}",
+                                           "allocate d with A's rows and B's N"))
     if not d.is_contiguous():
         raise ContractError(format_problem(op, "d", f"non-contiguous (strides {d.stride()})", "row-major contiguous",
-                                           "pass a contiguous tensor (torch.empty(M, N)) and copy afterwards"))
+                                           "pass a contiguous tensor and copy afterwards"))
     if d.device != device:
         raise ContractError(format_problem(op, "d", f"on {d.device}", f"on {device} like the operands",
                                            "allocate d on the operands' device"))
     if c is None:
         return
-    if not isinstance(c, torch.Tensor) or c.dtype not in (torch.float32, d.dtype) or tuple(c.shape) != (m, n):
-        raise ContractError(format_problem(op, "c", describe(c), f"None or a float32 (or d's dtype) [{m}, {n}] tensor",
-                                           "pass the accumulator with D's shape"))
+    if not isinstance(c, torch.Tensor) or c.dtype not in (torch.float32, d.dtype) or tuple(c.shape) != tuple(shape):
+        raise ContractError(format_problem(op, "c", describe(c), f"None or a float32 (or d's dtype) {list(shape)} "
+                                           "tensor", "pass the accumulator with D's shape"))
     if c.device != device:
         raise ContractError(format_problem(op, "c", f"on {c.device}", f"on {device}", "move c to the operands' device"))
 
@@ -118,7 +121,7 @@ def fp8_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, 
     op = FP8_GEMM_NT.name
     qa, qb = quant_operand(FP8_GEMM_NT, "a", a), quant_operand(FP8_GEMM_NT, "b", b)
     _check_fp8_operands(op, qa, qb, recipe)
-    _check_output(op, d, c, qa.shape[0], qb.shape[0], qa.device)
+    check_gemm_output(op, d, c, (qa.shape[0], qb.shape[0]), qa.device)
     call = bind(FP8_GEMM_NT, {"a": qa, "b": qb}, [d, c])
     pa, pb = call.quant["a"], call.quant["b"]
     call.run(a=pa.data, sfa=pa.scale, b=pb.data, sfb=pb.scale, d=d, c=c,
@@ -144,6 +147,6 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         raise ContractError(format_problem(op, "a", "empty along K", "K >= 1", "a GEMM over K = 0 is just C"))
     if b.device != a.device:
         raise ContractError(format_problem(op, "b", f"on {b.device}", f"on {a.device}", "move b to a's device"))
-    _check_output(op, d, c, a.shape[0], b.shape[0], a.device)
+    check_gemm_output(op, d, c, (a.shape[0], b.shape[0]), a.device)
     call = bind(BF16_GEMM_NT, {}, [a, b, d, c])
     call.run(a=a, b=b, d=d, c=c)

@@ -23,11 +23,11 @@ from .contract import (KernelOperand, OpContract, QuantArg, Tolerance, bind, che
 from .errors import ContractError, format_problem
 from .layouts.errors import LayoutConversionError
 from .layouts.moe import contiguous_m_indices, counts_from_psum, m_indices_from_psum
+from .gemm import check_gemm_output
 from .quantization import dequantize_reference
 from .registry import forced_backend, registry, select_backend
 from .tensors import PreparedTensor, QuantTensor, describe
 
-OUT_DTYPES = (torch.bfloat16, torch.float32)
 #: dtype of m_indices, psum and masked_m (DeepGEMM takes int32 only)
 INDEX_DTYPE = torch.int32
 #: m_indices value of a padding row
@@ -179,22 +179,6 @@ def _check_host_int(op: str, arg: str, value: Any, optional: bool = False) -> No
         expected = "None or a positive int" if optional else "a positive int (a host-side hint)"
         raise ContractError(format_problem(op, arg, repr(value), expected,
                                            "pass the expected rows per group as a Python int, e.g. 128"))
-
-
-def _check_out(op: str, d: Any, shape: tuple[int, ...], device: torch.device) -> None:
-    names = "[M, N]" if len(shape) == 2 else "[G, max_m, N]"
-    if not isinstance(d, torch.Tensor) or d.dtype not in OUT_DTYPES:
-        raise ContractError(format_problem(op, "d", describe(d), f"a tensor of dtype {OUT_DTYPES}",
-                                           f"allocate d = torch.empty({names[1:-1]}, dtype=torch.bfloat16)"))
-    if tuple(d.shape) != shape:
-        raise ContractError(format_problem(op, "d", f"of shape {tuple(d.shape)}", f"{names} = {list(shape)}",
-                                           "allocate d with A's rows and B's N"))
-    if not d.is_contiguous():
-        raise ContractError(format_problem(op, "d", f"non-contiguous (strides {d.stride()})", "row-major contiguous",
-                                           "pass a contiguous tensor and copy afterwards"))
-    if d.device != device:
-        raise ContractError(format_problem(op, "d", f"on {d.device}", f"on {device} like the operands",
-                                           "allocate d on the operands' device"))
 
 
 def _check_index_vector(op: str, arg: str, t: Any, length: int, what: str, device: torch.device, fix: str) -> None:
@@ -375,7 +359,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indices:
     qb = quant_operand(M_GROUPED_FP8_CONTIGUOUS, "b", b)
     _check_fp8_operands(op, qa, qb, recipe, masked=False)
     (m, _), (g, n, _) = qa.shape, qb.shape
-    _check_out(op, d, (m, n), qa.device)
+    check_gemm_output(op, d, None, (m, n), qa.device)
     _check_contiguous_layout(op, m_indices, use_psum_layout, expected_m_for_psum_layout, m, g, qa.device)
     alignment = _alignment(op, {"a": qa, "b": qb}, [d, m_indices])
     _check_layout_values(op, m_indices, use_psum_layout, g, m, alignment)
@@ -404,7 +388,7 @@ def m_grouped_fp8_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: torc
     qb = quant_operand(M_GROUPED_FP8_MASKED, "b", b)
     _check_fp8_operands(op, qa, qb, recipe, masked=True)
     (g, max_m, _), n = qa.shape, qb.shape[1]
-    _check_out(op, d, (g, max_m, n), qa.device)
+    check_gemm_output(op, d, None, (g, max_m, n), qa.device)
     _check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", qa.device,
                         "pass torch.tensor(counts, dtype=torch.int32)")
     _check_host_int(op, "expected_m", expected_m)
@@ -429,7 +413,7 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     op = M_GROUPED_BF16_CONTIGUOUS.name
     _check_bf16_operands(op, a, b, masked=False)
     (m, _), (g, n, _) = a.shape, b.shape
-    _check_out(op, d, (m, n), a.device)
+    check_gemm_output(op, d, None, (m, n), a.device)
     _check_contiguous_layout(op, m_indices, use_psum_layout, expected_m_for_psum_layout, m, g, a.device)
     alignment = _alignment(op, {}, [a, b, d, m_indices])
     _check_layout_values(op, m_indices, use_psum_layout, g, m, alignment)
@@ -449,7 +433,7 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     op = M_GROUPED_BF16_MASKED.name
     _check_bf16_operands(op, a, b, masked=True)
     (g, max_m, _), n = a.shape, b.shape[1]
-    _check_out(op, d, (g, max_m, n), a.device)
+    check_gemm_output(op, d, None, (g, max_m, n), a.device)
     _check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", a.device,
                         "pass torch.tensor(counts, dtype=torch.int32)")
     _check_host_int(op, "expected_m", expected_m)

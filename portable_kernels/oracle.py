@@ -11,9 +11,9 @@ from typing import Any, Callable
 
 import torch
 
-from .contract import KernelOperand, OpContract
+from .contract import KernelOperand, OpContract, contracts
 from .layout import PLAIN_FORMAT
-from .registry import Backend
+from .registry import Backend, Registry
 from .tensors import LayoutTag, PreparedTensor
 
 ORACLE_PROVIDER = "layout-reference"
@@ -50,3 +50,11 @@ def layout_oracle(contract: OpContract, backend: Backend) -> Callable[..., Any]:
     oracle.__name__ = f"{contract.name}_layout_oracle"
     oracle.__doc__ = f"{contract.name} on {backend.name}'s bytes, decoded by its layouts (correctness oracle)."
     return oracle
+
+
+def register_oracles(registry: Registry, backend: Backend) -> None:
+    """Register `backend`'s layout oracle for every op whose contract has a reference kernel."""
+    for contract in contracts().values():
+        if contract.kernel is not None:
+            registry.kernel(contract.name, backend.name, ORACLE_PROVIDER, priority=ORACLE_PRIORITY)(
+                layout_oracle(contract, backend))

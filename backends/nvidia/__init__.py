@@ -13,11 +13,10 @@ from typing import Any, Mapping
 
 import torch
 
-from portable_kernels.contract import contracts
 from portable_kernels.errors import ContractError
 from portable_kernels.layout import Layout
 from portable_kernels.layouts import NVIDIA_MOE_ALIGNMENT
-from portable_kernels.oracle import ORACLE_PRIORITY, ORACLE_PROVIDER, layout_oracle
+from portable_kernels.oracle import register_oracles
 from portable_kernels.registry import Backend, Registry
 from portable_kernels.tensors import PreparedTensor, QuantTensor
 
@@ -67,7 +66,4 @@ def register(registry: Registry) -> None:
     """Entry point `portable_kernels.backends: nvidia`."""
     backend = NvidiaBackend()
     registry.add_backend(backend)
-    for contract in contracts().values():
-        if contract.kernel is not None:
-            registry.kernel(contract.name, NAME, ORACLE_PROVIDER, priority=ORACLE_PRIORITY)(
-                layout_oracle(contract, backend))
+    register_oracles(registry, backend)
