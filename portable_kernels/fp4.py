@@ -21,7 +21,7 @@ from .contract import (BoundCall, OpContract, QuantArg, Tolerance, bind, checks_
                        quant_operand,
                        register_contract, to_backend)
 from .errors import ContractError, format_problem
-from .gemm import FP8_OPERANDS, check_gemm_output, gemm_reference
+from .gemm import FP8_OPERANDS, check_gemm_output, check_shared_k, gemm_reference
 from .layouts.constants import FP4_E2M1_MAX, MX_BLOCK_K, SCALE_AMAX_FLOOR
 from .layouts.fp4 import e2m1_encode, fp4_scale_from_amax, pack_e2m1
 from .layouts.ue8m0 import is_power_of_two
@@ -251,12 +251,7 @@ def _check_fp8_fp4_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTe
             raise ContractError(format_problem(op, arg, f"scaled per {g}",
                                                f"per-row scales (1, gran_k) with gran_k in {FP8_FP4_GRAN_K}",
                                                "quantize per token (per_token_cast_to_fp8 / per_token_cast_to_fp4)"))
-    (m, k), (n, kb) = a.shape, b.shape
-    if k != kb:
-        raise ContractError(format_problem(op, "b", f"of logical shape {tuple(b.shape)} (K = {kb})",
-                                           f"K = {k} like a {tuple(a.shape)}", "pass A [M, K] and B [N, K]"))
-    if k == 0:
-        raise ContractError(format_problem(op, "a", "empty along K", "K >= 1", "a GEMM over K = 0 is just C"))
+    check_shared_k(op, a.shape, b.shape)
     if b.device != a.device:
         raise ContractError(format_problem(op, "b", f"on {b.device}", f"on {a.device} like a", "move b to a's device"))
 

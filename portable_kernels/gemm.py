@@ -79,6 +79,29 @@ def check_gemm_output(op: str, d: Any, c: Any, shape: tuple[int, ...], device: t
         raise ContractError(format_problem(op, "c", f"on {c.device}", f"on {device}", "move c to the operands' device"))
 
 
+def check_shared_k(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
+    """A [..., M, K] and B [..., N, K] share K, and K >= 1 (a GEMM over K = 0 is just C)."""
+    k, kb = a_shape[-1], b_shape[-1]
+    if k != kb:
+        raise ContractError(format_problem(op, "b", f"of logical shape {tuple(b_shape)} (K = {kb})",
+                                           f"K = {k} like a {tuple(a_shape)}", "pass A [M, K] and B [N, K]"))
+    if k == 0:
+        raise ContractError(format_problem(op, "a", "empty along K", "K >= 1", "a GEMM over K = 0 is just C"))
+
+
+def check_recipe(op: str, recipe: Any, ga: tuple[int, int], gb: tuple[int, int]) -> None:
+    """DeepGEMM's optional recipe (gran_m, gran_n, gran_k) must agree with the operands' granularity."""
+    if recipe is None:
+        return
+    if not (isinstance(recipe, (tuple, list)) and len(recipe) == 3):
+        raise ContractError(format_problem(op, "recipe", repr(recipe), "None or (gran_m, gran_n, gran_k)",
+                                           "pass e.g. (1, 128, 128) or leave None to use the operands'"))
+    if tuple(recipe) != (ga[0], gb[0], ga[1]):
+        raise ContractError(format_problem(op, "recipe", repr(tuple(recipe)),
+                                           f"the operands' granularity ({ga[0]}, {gb[0]}, {ga[1]})",
+                                           "leave recipe=None or quantize with the matching block sizes"))
+
+
 def _check_fp8_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor | PreparedTensor,
                         recipe: Any) -> None:
     for arg, t in (("a", a), ("b", b)):
@@ -88,21 +111,8 @@ def _check_fp8_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor
         if t.element != "e4m3":
             raise ContractError(format_problem(op, arg, f"{t.element} data", "fp8 e4m3 data",
                                                "use fp8_fp4_gemm_nt for FP4 operands"))
-    (m, k), (n, kb) = a.shape, b.shape
-    if k != kb:
-        raise ContractError(format_problem(op, "b", f"of shape {tuple(b.shape)} (K = {kb})",
-                                           f"K = {k} like a {tuple(a.shape)}", "pass A [M, K] and B [N, K]"))
-    if k == 0:
-        raise ContractError(format_problem(op, "a", "empty along K", "K >= 1", "a GEMM over K = 0 is just C"))
-    if recipe is not None:
-        ga, gb = a.granularity, b.granularity
-        if not (isinstance(recipe, (tuple, list)) and len(recipe) == 3):
-            raise ContractError(format_problem(op, "recipe", repr(recipe), "None or (gran_m, gran_n, gran_k)",
-                                               "pass e.g. (1, 128, 128) or leave None to use the operands'"))
-        if tuple(recipe) != (ga[0], gb[0], ga[1]):
-            raise ContractError(format_problem(op, "recipe", repr(tuple(recipe)),
-                                               f"the operands' granularity ({ga[0]}, {gb[0]}, {ga[1]})",
-                                               "leave recipe=None or quantize with the matching block sizes"))
+    check_shared_k(op, a.shape, b.shape)
+    check_recipe(op, recipe, a.granularity, b.granularity)
     if a.granularity[1] != b.granularity[1]:
         raise ContractError(format_problem(op, "b", f"scaled per {b.granularity[1]} along K while a is scaled per "
                                            f"{a.granularity[1]}", "the same K granularity for a and b",

@@ -23,7 +23,7 @@ from .contract import (KernelOperand, OpContract, QuantArg, Tolerance, bind, che
 from .errors import ContractError, format_problem
 from .layouts.errors import LayoutConversionError
 from .layouts.moe import contiguous_m_indices, counts_from_psum, m_indices_from_psum
-from .gemm import check_gemm_output
+from .gemm import check_gemm_output, check_recipe, check_shared_k
 from .quantization import dequantize_reference
 from .registry import forced_backend, registry, select_backend
 from .tensors import PreparedTensor, QuantTensor, describe
@@ -202,11 +202,7 @@ def _check_shapes(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], m
                                            "stack the experts' weights, e.g. torch.stack(ws)"))
     if b_shape[0] == 0:
         raise ContractError(format_problem(op, "b", "empty along G", "at least one group", "pass G >= 1 weights"))
-    if a_shape[-1] != b_shape[-1]:
-        raise ContractError(format_problem(op, "b", f"of shape {b_shape} (K = {b_shape[-1]})",
-                                           f"K = {a_shape[-1]} like a {a_shape}", "pass A [..., K] and B [G, N, K]"))
-    if a_shape[-1] == 0:
-        raise ContractError(format_problem(op, "a", "empty along K", "K >= 1", "a GEMM over K = 0 is all zeros"))
+    check_shared_k(op, a_shape, b_shape)
     if masked and a_shape[0] != b_shape[0]:
         raise ContractError(format_problem(op, "a", f"of shape {a_shape} ({a_shape[0]} groups)",
                                            f"G = {b_shape[0]} groups like b", "pass one [max_m, K] slab per group"))
@@ -229,15 +225,7 @@ def _check_fp8_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor
         raise ContractError(format_problem(op, "b", f"scaled per {gb[1]} along K",
                                            f"the same K granularity as a ({ga[1]})",
                                            "quantize both operands with the same gran_k"))
-    if recipe is None:
-        return
-    if not (isinstance(recipe, (tuple, list)) and len(recipe) == 3):
-        raise ContractError(format_problem(op, "recipe", repr(recipe), "None or (gran_m, gran_n, gran_k)",
-                                           "pass e.g. (1, 128, 128) or leave None to use the operands'"))
-    if tuple(recipe) != (ga[0], gb[0], ga[1]):
-        raise ContractError(format_problem(op, "recipe", repr(tuple(recipe)),
-                                           f"the operands' granularity ({ga[0]}, {gb[0]}, {ga[1]})",
-                                           "leave recipe=None or quantize with the matching block sizes"))
+    check_recipe(op, recipe, ga, gb)
 
 
 def _check_bf16_operands(op: str, a: Any, b: Any, masked: bool) -> None:

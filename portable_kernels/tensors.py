@@ -12,7 +12,6 @@ import attrs
 import torch
 
 from .errors import ContractError
-from .layouts.constants import FP8_E4M3_MAX  # noqa: F401  (re-exported for the op families)
 
 FP8_DTYPE = torch.float8_e4m3fn
 
