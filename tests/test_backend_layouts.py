@@ -136,3 +136,53 @@ def test_a_broken_torch_npu_is_a_reason_not_a_crash(tmp_path):
     env = {"PYTHONPATH": str(tmp_path), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+def _alignment(name, options):
+    with pk.use_backend(name, **options):
+        return pk.get_m_alignment_for_contiguous_layout()
+
+
+def test_grouped_gemms_give_identical_results_on_every_format():
+    from portable_kernels.layouts import contiguous_m_indices
+    counts, n, k = torch.tensor([5, 0, 70]), 130, 300
+    w = pk.per_block_cast_to_fp8(randn(3, n, k, seed=7, scale=0.05), use_ue8m0=True)
+    xs = randn(2 * 3, 80, k, seed=8).view(2, 3, 80, k)
+    masked_a = pk.per_token_cast_to_fp8(xs[0], use_ue8m0=True)
+    masked_m = torch.tensor([80, 0, 33], dtype=torch.int32)
+    tokens = randn(int(counts.sum()), k, seed=9)
+    contiguous, masked, formats = [], [], set()
+    for name, options in TARGETS:
+        m_indices = contiguous_m_indices(counts, _alignment(name, options))  # 128 rows, 256 on ascend
+        x = torch.zeros(m_indices.numel(), k)  # padding rows of A are zero by contract
+        x[m_indices >= 0] = tokens
+        prepared = pk.prepare_inputs(pk.m_grouped_fp8_gemm_nt_contiguous, backend=name, b=w,
+                                     a=pk.per_token_cast_to_fp8(x, use_ue8m0=True), **options)
+        formats.add(prepared["b"].tag.format)
+        d = poison(m_indices.numel(), n, dtype=torch.float32)
+        pk.m_grouped_fp8_gemm_nt_contiguous(prepared["a"], prepared["b"], d, m_indices)
+        contiguous.append(d[m_indices >= 0])
+        pm = pk.prepare_inputs(pk.m_grouped_fp8_gemm_nt_masked, backend=name, a=masked_a, b=w, **options)
+        dm = poison(3, 80, n, dtype=torch.float32)
+        pk.m_grouped_fp8_gemm_nt_masked(pm["a"], pm["b"], dm, masked_m, expected_m=64)
+        masked.append(dm)
+    assert "ascend-mx-ue8m0-int16-mn-major+nz-data" in formats and len(formats) == 4
+    assert torch.isfinite(contiguous[0]).all()
+    for got in contiguous[1:]:
+        assert torch.equal(got, contiguous[0])
+    for got in masked[1:]:
+        assert torch.equal(got.nan_to_num(7.0), masked[0].nan_to_num(7.0))
+
+
+def test_fp8_fp4_gemm_gives_identical_results_on_every_format():
+    a = pk.per_token_cast_to_fp8(randn(6, 256, seed=10), gran_k=32, use_ue8m0=True)
+    b = pk.per_token_cast_to_fp4(randn(70, 256, seed=11))
+    results = []
+    for name, options in TARGETS:
+        prepared = pk.prepare_inputs(pk.fp8_fp4_gemm_nt, backend=name, a=a, b=b, **options)
+        d = poison(6, 70, dtype=torch.float32)
+        pk.fp8_fp4_gemm_nt(prepared["a"], prepared["b"], d)
+        results.append(d)
+    assert torch.isfinite(results[0]).all()
+    for got in results[1:]:
+        assert torch.equal(got, results[0])
