@@ -1,0 +1,177 @@
+"""What the expert-parallel ops return on one rank: frozen attrs result and handle classes that
+unpack like DeepEP's tuples."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Union
+
+import attrs
+import torch
+
+from .constants import LAYOUT_RANGE_COUNT_MASK, LAYOUT_RANGE_SHIFT, NO_EXPERT
+
+Rows = Union[torch.Tensor, "tuple[torch.Tensor, torch.Tensor]"]
+
+
+@attrs.frozen(eq=False)
+class DispatchHandle:
+    """What `simulate_combine` (and a cached `simulate_dispatch`) needs from a normal dispatch, on one rank.
+
+    rank:               this rank's index
+    rank_prefix_matrix: int32 [R, R]; entry [i][j] = tokens ranks 0..i send to rank j (as DeepEP's
+                        handle[0]): rank j's rows from source i are rows [m[i-1][j], m[i][j])
+    recv_src_idx:       int32 [num_recv_tokens]; the source token index of each received row
+    is_token_in_rank:   bool [num_tokens, R]; where this rank's own tokens went
+    """
+
+    rank: int
+    rank_prefix_matrix: torch.Tensor
+    recv_src_idx: torch.Tensor
+    is_token_in_rank: torch.Tensor
+
+    @property
+    def num_ranks(self) -> int:
+        return int(self.rank_prefix_matrix.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens this rank dispatched (the rows its combine returns)."""
+        return int(self.is_token_in_rank.shape[0])
+
+    @property
+    def recv_src_rank(self) -> torch.Tensor:
+        """int32 [num_recv_tokens]: the source rank of each received row."""
+        ends = self.rank_prefix_matrix[:, self.rank].long()
+        counts = ends - torch.cat((ends.new_zeros(1), ends[:-1]))
+        ranks = torch.arange(self.num_ranks, device=ends.device)
+        return torch.repeat_interleave(ranks, counts).to(torch.int32)
+
+
+@attrs.frozen(eq=False)
+class DispatchResult:
+    """What normal-mode `dispatch` returns on one rank (DeepEP's tuple without the event).
+
+    recv_x:            [N, H] in x's dtype, or (fp8 [N, H], fp32 [N, H/128]) when x was FP8
+    recv_topk_idx:     [N, k] in topk_idx's dtype: local expert ids, -1 where the expert lives elsewhere
+    recv_topk_weights: fp32 [N, k], 0 where recv_topk_idx is -1 (None without weights)
+    num_recv_tokens_per_expert_list: rows per local expert aligned up to expert_alignment, as a
+                       tuple of ints (DeepEP returns a list); None in a cached dispatch
+    handle:            the DispatchHandle for combine
+
+    Unpacks like DeepEP's return: `recv_x, recv_topk_idx, recv_topk_weights, counts, handle = result`.
+    """
+
+    recv_x: Rows
+    recv_topk_idx: torch.Tensor | None
+    recv_topk_weights: torch.Tensor | None
+    num_recv_tokens_per_expert_list: tuple[int, ...] | None
+    handle: DispatchHandle
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from (self.recv_x, self.recv_topk_idx, self.recv_topk_weights,
+                    self.num_recv_tokens_per_expert_list, self.handle)
+
+
+@attrs.frozen(eq=False)
+class CombineResult:
+    """What normal-mode `combine` returns on one rank: combined_x [T, H] in x's dtype (the sum of
+    the returned rows of each own token; 0 for a token sent nowhere) and combined_topk_weights
+    fp32 [T, k] (the sum of the returned weight rows) or None."""
+
+    combined_x: torch.Tensor
+    combined_topk_weights: torch.Tensor | None
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from (self.combined_x, self.combined_topk_weights)
+
+
+@attrs.frozen(eq=False)
+class LowLatencyHandle:
+    """DeepEP's low-latency handle, field for field (it unpacks in DeepEP's order).
+
+    recv_src_info:   int32 [L, M*R]; the source token index of each valid slot (-1 in unused slots
+                     here; DeepEP leaves them unspecified)
+    recv_layout_range: int64 [L, R]; (begin << 32) | count of the slots holding source rank s's tokens
+    num_max_dispatch_tokens_per_rank (M), hidden (H), num_experts (E = R*L)
+    """
+
+    recv_src_info: torch.Tensor
+    recv_layout_range: torch.Tensor
+    num_max_dispatch_tokens_per_rank: int
+    hidden: int
+    num_experts: int
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from (self.recv_src_info, self.recv_layout_range, self.num_max_dispatch_tokens_per_rank,
+                    self.hidden, self.num_experts)
+
+    @property
+    def num_ranks(self) -> int:
+        return int(self.recv_layout_range.shape[1])
+
+    @property
+    def range_begin(self) -> torch.Tensor:
+        """int64 [L, R]: first slot of each source rank's tokens."""
+        return self.recv_layout_range >> LAYOUT_RANGE_SHIFT
+
+    @property
+    def range_count(self) -> torch.Tensor:
+        """int64 [L, R]: how many tokens of each source rank the expert received."""
+        return self.recv_layout_range & LAYOUT_RANGE_COUNT_MASK
+
+    @property
+    def recv_src_rank(self) -> torch.Tensor:
+        """int32 [L, M*R]: the source rank of each slot, -1 in slots outside every range."""
+        slots = torch.arange(self.recv_src_info.shape[1], device=self.recv_layout_range.device)
+        begin, count = self.range_begin[..., None], self.range_count[..., None]
+        member = (slots >= begin) & (slots < begin + count)  # [L, R, M*R]
+        rank = member.to(torch.int32).argmax(dim=1).to(torch.int32)
+        return torch.where(member.any(dim=1), rank, NO_EXPERT)
+
+
+@attrs.frozen(eq=False)
+class LowLatencyDispatchResult:
+    """What `low_latency_dispatch` returns on one rank (DeepEP's tuple without event and hook).
+
+    recv_x:     [L, M*R, H] in x's dtype, or (fp8 [L, M*R, H], fp32 [L, M*R, H/128]) with use_fp8;
+                only the first recv_count[e] slots of expert e are valid (zeros elsewhere here)
+    recv_count: int32 [L]; valid slots per local expert
+    handle:     the LowLatencyHandle for combine
+
+    Unpacks like DeepEP's return: `recv_x, recv_count, handle = result`.
+    """
+
+    recv_x: Rows
+    recv_count: torch.Tensor
+    handle: LowLatencyHandle
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from (self.recv_x, self.recv_count, self.handle)
+
+    def sorted_by_source(self) -> "LowLatencyDispatchResult":
+        """The same receive in the canonical order: each expert's valid slots sorted by (source rank,
+        source token), ranges rebuilt to match, unused slots zero (and -1 in recv_src_info). Two
+        correct implementations give identical sorted results, whatever order they wrote."""
+        h = self.handle
+        src_rank = h.recv_src_rank.long()
+        valid = src_rank >= 0
+        num_slots = h.recv_src_info.shape[1]
+        key = torch.where(valid, src_rank * num_slots + h.recv_src_info.long(), h.num_ranks * num_slots)
+        order = key.argsort(dim=1, stable=True)
+        keep = torch.take_along_dim(valid, order, dim=1)
+        info = torch.where(keep, torch.take_along_dim(h.recv_src_info, order, dim=1), NO_EXPERT)
+        count = h.range_count
+        begin = count.cumsum(dim=1) - count
+        handle = LowLatencyHandle(info.to(torch.int32), (begin << LAYOUT_RANGE_SHIFT) | count,
+                                  h.num_max_dispatch_tokens_per_rank, h.hidden, h.num_experts)
+
+        def reorder(t: torch.Tensor) -> torch.Tensor:
+            moved = torch.take_along_dim(t, order[..., None], dim=1)
+            return torch.where(keep[..., None], moved, torch.zeros((), dtype=t.dtype, device=t.device))
+
+        if isinstance(self.recv_x, tuple):
+            data, scales = self.recv_x
+            recv_x: Rows = (reorder(data.view(torch.uint8)).view(data.dtype), reorder(scales))
+        else:
+            recv_x = reorder(self.recv_x)
+        return LowLatencyDispatchResult(recv_x, self.recv_count, handle)

@@ -1,0 +1,116 @@
+"""`reduce_fused`: the weighted sum of each token's expert rows back to token order, fp32 accumulation —
+reference, contract and public op."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..contract import OpContract, Tolerance, bind, public_op, register_contract
+from ..errors import ContractError, format_problem
+from ..layouts import FP8_E4M3_MAX
+from ..tensors import FP8_DTYPE, describe
+from .checks import _check_tensor
+from .mapping import INDEX_DTYPES, FusedMapping, _check_positions, _unpack_mapping
+
+REDUCE_DTYPES = (torch.bfloat16, torch.float32)
+FP8_FORMATS = ("", "e4m3")
+
+
+# ---------------------------------------------------------------------------------------------
+# reference math
+
+
+def reduce_fused_reference(x: torch.Tensor, topk_weights: torch.Tensor | None, token_topk_to_pos: torch.Tensor,
+                           x_sf: torch.Tensor | None = None, sf: torch.Tensor | None = None,
+                           fp8: bool = False) -> torch.Tensor:
+    """fp32 [T, H]: Σ over the token's mapped rows of x[pos] · weight (· x_sf[pos]), fp32 accumulation;
+    padding slots (pos < 0) contribute nothing and padding rows are never read. With fp8 output the
+    sum is multiplied by sf (if given) and clamped to ±448, ready for the cast."""
+    pos = token_topk_to_pos.to(torch.int64)
+    valid = pos >= 0
+    safe = pos.clamp(min=0)
+    scale = torch.ones(pos.shape, dtype=torch.float32, device=pos.device) if topk_weights is None \
+        else topk_weights.float()
+    if x_sf is not None:
+        scale = scale * x_sf.float()[safe]
+    rows = x.float()[safe] * scale[..., None]
+    out = torch.where(valid[..., None], rows, 0.0).sum(1)
+    if fp8:
+        if sf is not None:
+            out = out * sf.float()
+        out = out.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return out
+
+
+def reduce_fused_kernel(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
+                        token_topk_to_pos: torch.Tensor, sf: torch.Tensor | None, fp8: bool,
+                        out: torch.Tensor) -> None:
+    """Reference kernel of reduce_fused: writes the (cast) fp32 sums into out."""
+    out.copy_(reduce_fused_reference(x, topk_weights, token_topk_to_pos, x_sf, sf, fp8))
+
+
+REDUCE_FUSED = register_contract(OpContract("reduce_fused", reduce_fused_reference, Tolerance(dequantized=1e-9),
+                                            kernel=reduce_fused_kernel))
+
+
+# ---------------------------------------------------------------------------------------------
+# public ops
+
+
+@public_op(REDUCE_FUSED)
+def reduce_fused(x: Any, topk_weights: torch.Tensor | None, token_topk_to_pos: torch.Tensor | FusedMapping,
+                 fp8_format: str = "", sf: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """Weighted sum of each token's expert rows back to token order (TileKernels `reduce_fused`).
+
+    x: bf16/fp32 [P, H], or a pair (x, x_sf fp32 [P]) whose per-row scales multiply the rows
+    topk_weights: None (plain sum) or fp32 [T, k]
+    token_topk_to_pos: int32 [T, k] (or a FusedMapping); negative slots contribute nothing, and rows no
+        slot points to (padding) are never read
+    fp8_format: "" (output in x's dtype) or "e4m3" (output fp8: the fp32 sum times sf, clamped to ±448)
+    sf: None or fp32 [1], only with fp8_format "e4m3"
+    out: None or a contiguous [T, H] tensor of the output dtype to write into
+    Accumulates in fp32; returns the output [T, H].
+    """
+    op = REDUCE_FUSED.name
+    ttp, _ = _unpack_mapping(op, token_topk_to_pos, None, need_pos_to_expert=False)
+    x_sf = None
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise ContractError(format_problem(op, "x", describe(tuple(x)), "a tensor or an (x, x_sf) pair",
+                                               "pass the expert outputs, optionally with per-row scales"))
+        x, x_sf = x
+    _check_tensor(op, "x", x, REDUCE_DTYPES, (None, None), None, "pass expert outputs as bf16/fp32 [P, H]")
+    rows, h = x.shape
+    device = x.device
+    if x_sf is not None:
+        _check_tensor(op, "x_sf", x_sf, (torch.float32,), (rows,), device, f"pass fp32 per-row scales [{rows}]")
+    _check_tensor(op, "token_topk_to_pos", ttp, INDEX_DTYPES, (None, None), device,
+                  "pass token_topk_to_pos [T, k] from get_fused_mapping")
+    t, k = ttp.shape
+    if topk_weights is not None:
+        _check_tensor(op, "topk_weights", topk_weights, (torch.float32,), (t, k), device,
+                      f"pass fp32 [{t}, {k}] weights (or None for a plain sum)")
+    if fp8_format not in FP8_FORMATS:
+        raise ContractError(format_problem(op, "fp8_format", repr(fp8_format), f"one of {FP8_FORMATS}",
+                                           "pass '' for output in x's dtype or 'e4m3' for FP8"))
+    fp8 = fp8_format == "e4m3"
+    if sf is not None:
+        if not fp8:
+            raise ContractError(format_problem(op, "sf", describe(sf), "None unless fp8_format='e4m3'",
+                                               "drop sf, or ask for FP8 output"))
+        _check_tensor(op, "sf", sf, (torch.float32,), (1,), device, "pass an fp32 [1] output scale")
+    out_dtype = FP8_DTYPE if fp8 else x.dtype
+    if out is None:
+        out = torch.empty(t, h, dtype=out_dtype, device=device)
+    else:
+        _check_tensor(op, "out", out, (out_dtype,), (t, h), device, f"allocate out as {out_dtype} [{t}, {h}]")
+        if not out.is_contiguous():
+            raise ContractError(format_problem(op, "out", f"non-contiguous (strides {out.stride()})", "contiguous",
+                                               "pass a contiguous buffer"))
+    _check_positions(op, ttp, rows)
+    call = bind(REDUCE_FUSED, {}, [x, x_sf, topk_weights, ttp, sf, out])
+    call.run(x=x, x_sf=x_sf, topk_weights=topk_weights, token_topk_to_pos=ttp, sf=sf, fp8=fp8, out=out)
+    return out
