@@ -72,6 +72,7 @@ def note_implicit_conversion(op: str, arg: str, backend: str, layout: str) -> No
     if first:
         warnings.warn(
             f"{op}: converting argument '{arg}' to {backend}:{layout} inside the call (counted in "
-            f"portable_kernels.implicit_conversions()). Prepare weights once with prepare_inputs to keep the "
-            f"hot path free of conversions; set {STRICT_ENV}=1 to make this an error.",
+            f"portable_kernels.implicit_conversions()). To keep the hot path free of conversions, prepare weights "
+            f"once with prepare_inputs and quantize activations with prepare_for={op!r}; set {STRICT_ENV}=1 to make "
+            f"this an error.",
             ImplicitConversionWarning, stacklevel=5)

@@ -199,7 +199,7 @@ def plot_nz_tiles(out_dir: str | pathlib.Path, m: int = 20, n: int = 40) -> path
     cmap = matplotlib.colormaps["tab10"].with_extremes(bad=_PAD_COLOR)
     fig = Figure(figsize=(12, 7), dpi=110, layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=[1.4, 1])
-    left.imshow(nd_tiles, cmap=cmap, vmin=0, vmax=9, aspect="equal", interpolation="nearest")
+    left.imshow(nd_tiles.numpy(), cmap=cmap, vmin=0, vmax=9, aspect="equal", interpolation="nearest")
     left.set_title(f"ND bf16 [{m}, {n}] coloured by NZ tile\n(a tile is 16 rows x C0 = 16 columns = 512 bytes)",
                    fontsize=9)  # fmt: skip
     left.set_xlabel("column j")
