@@ -7,7 +7,9 @@ nothing reaches the disk cache unless the compiler succeeded and its output chec
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
+import inspect
 import logging
 import os
 import platform
@@ -16,7 +18,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -542,69 +544,21 @@ def configure(env_prefix: str | None = None, *, default_cache_dir: str | os.Path
     return _default
 
 
-def compile(  # noqa: A001 - the name the issue asks for; shadows the builtin only inside deepjit
-    name: str,
-    source: str,
-    *,
-    toolchain: str | ToolchainName,
-    kind: str | None = None,
-    flags: Sequence[str] = (),
-    include_dirs: Sequence[str | os.PathLike[str]] = (),
-    defines: Defines | None = None,
-    arch: str | Sequence[str] | None = None,
-    signature: str | Sequence[str] = (),
-) -> Any:
-    """Build (or reuse) and load with the default context; see JitContext.compile."""
-    return _default.compile(name, source, toolchain=toolchain, kind=kind, flags=flags, include_dirs=include_dirs,
-                            defines=defines, arch=arch, signature=signature)
+def _on_default(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A module-level function that calls `method` on the current default context, with the
+    method's signature (minus self) and docstring. It looks the default up at call time, so
+    `configure()` takes effect for functions imported earlier."""
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return method(_default, *args, **kwargs)
+
+    signature = inspect.signature(method)
+    call.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
-def build(
-    name: str,
-    source: str,
-    *,
-    toolchain: str | ToolchainName,
-    kind: str | None = None,
-    flags: Sequence[str] = (),
-    include_dirs: Sequence[str | os.PathLike[str]] = (),
-    defines: Defines | None = None,
-    arch: str | Sequence[str] | None = None,
-    signature: str | Sequence[str] = (),
-) -> Artifact:
-    """Build (or reuse) without loading, with the default context; see JitContext.build."""
-    return _default.build(name, source, toolchain=toolchain, kind=kind, flags=flags, include_dirs=include_dirs,
-                          defines=defines, arch=arch, signature=signature)
-
-
-def compile_to_path(
-    name: str,
-    source: str,
-    *,
-    toolchain: str | ToolchainName,
-    kind: str | None = None,
-    flags: Sequence[str] = (),
-    include_dirs: Sequence[str | os.PathLike[str]] = (),
-    defines: Defines | None = None,
-    arch: str | Sequence[str] | None = None,
-    signature: str | Sequence[str] = (),
-) -> Path:
-    """The artifact's path, built or reused, never loaded (works without a device)."""
-    return _default.build(name, source, toolchain=toolchain, kind=kind, flags=flags, include_dirs=include_dirs,
-                          defines=defines, arch=arch, signature=signature).path
-
-
-def cache_key(
-    name: str,
-    source: str,
-    *,
-    toolchain: str | ToolchainName,
-    kind: str | None = None,
-    flags: Sequence[str] = (),
-    include_dirs: Sequence[str | os.PathLike[str]] = (),
-    defines: Defines | None = None,
-    arch: str | Sequence[str] | None = None,
-    signature: str | Sequence[str] = (),
-) -> str:
-    """The sha256 cache key of a request, with the default context; builds nothing."""
-    return _default.key(name, source, toolchain=toolchain, kind=kind, flags=flags, include_dirs=include_dirs,
-                        defines=defines, arch=arch, signature=signature)
+compile = _on_default(JitContext.compile, "compile")  # noqa: A001 - the name the issue asks for
+build = _on_default(JitContext.build, "build")
+compile_to_path = _on_default(JitContext.compile_to_path, "compile_to_path")
+cache_key = _on_default(JitContext.key, "cache_key")
