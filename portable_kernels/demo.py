@@ -17,7 +17,7 @@ from .gemm import fp8_gemm_nt
 from .numerics import calc_diff
 from .prepare import prepare_inputs
 from .quantization import dequantize, per_block_cast_to_fp8, per_token_cast_to_fp8
-from .registry import available_backends, registry, use_backend
+from .registry import available_backends, registry, run_device, use_backend
 
 #: DeepSeek-V3 routed-expert gate projection: hidden 7168 -> intermediate 2048, one batch of tokens.
 DEMO_SHAPE = {"m": 128, "n": 2048, "k": 7168}
@@ -39,24 +39,12 @@ def runnable_targets() -> list[tuple[str, torch.device, dict[str, Any]]]:
     for name, info in available_backends().items():
         if not info.providers:
             continue
-        backend = registry().backend(name)
-        native = [t for t in info.device_types if info.available and _device_present(t)]
-        if native:
-            device = torch.device(native[0])
-        elif info.emulation:
-            device = torch.device("cpu")
-        else:
+        device = run_device(info)
+        if device is None:
             continue
-        for options in backend.variants():
+        for options in registry().backend(name).variants():
             targets.append((name, device, options))
     return targets
-
-
-def _device_present(device_type: str) -> bool:
-    if device_type == "cpu":
-        return True
-    module = getattr(torch, device_type, None)
-    return bool(module is not None and getattr(module, "is_available", lambda: False)())
 
 
 def _time(fn, repeats: int = 3) -> float:

@@ -302,6 +302,23 @@ class BackendInfo:
     providers: Mapping[str, tuple[str, ...]]
 
 
+def _device_present(device_type: str) -> bool:
+    if device_type == "cpu":
+        return True
+    module = getattr(torch, device_type, None)
+    return bool(module is not None and getattr(module, "is_available", lambda: False)())
+
+
+def run_device(info: BackendInfo) -> torch.device | None:
+    """Where a backend runs here: its first native device that is present, else CPU tensors in
+    emulation if it has that, else None."""
+    if info.available:
+        for device_type in info.device_types:
+            if _device_present(device_type):
+                return torch.device(device_type)
+    return torch.device("cpu") if info.emulation else None
+
+
 def available_backends() -> dict[str, BackendInfo]:
     """Every registered backend: its devices, providers per op, and availability with the reason.
 

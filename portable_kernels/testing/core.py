@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from ..errors import BackendUnavailableError, LayoutError, NoKernelError
-from ..registry import available_backends, use_backend
+from ..registry import available_backends, run_device, use_backend
 
 
 class CaseFailure(AssertionError):
@@ -103,13 +103,9 @@ def _device_for(backend: str) -> torch.device:
     info = available_backends().get(backend)
     if info is None:
         raise BackendUnavailableError(f"backend {backend!r} is not registered; see `python -m portable_kernels doctor`.")
-    if info.available:
-        for device_type in info.device_types:
-            module = torch if device_type == "cpu" else getattr(torch, device_type, None)
-            if device_type == "cpu" or (module is not None and module.is_available()):
-                return torch.device(device_type)
-    if info.emulation:
-        return torch.device("cpu")
+    device = run_device(info)
+    if device is not None:
+        return device
     raise BackendUnavailableError(f"backend {backend!r} cannot run here: {info.reason}")
 
 
