@@ -196,16 +196,11 @@ class JitContext:
     ) -> Any:
         """Build (or reuse) and load. Returns a module (pybind11), a ctypes.CDLL (ctypes), a
         CudaModule (cuda) or an AscendBinary (ascend)."""
-        request, chain = _normalize(name, source, toolchain, kind, flags, include_dirs, defines, arch, signature)
-        snapshot = self.env.snapshot()
-        settings = self.env.settings(self.default_cache_dir, snapshot)
-        fast_key = (request, snapshot, chain.tool_environment(self.env))
-        remembered = self._requests.get(fast_key)
-        if remembered is not None:
-            digest, stamps = remembered
-            loaded = self._loaded.get(digest)
-            if loaded is not None and stamps_unchanged(stamps) and not self._must_force(settings, digest):
-                return loaded
+        request, chain, settings, fast_key, digest = self._recall(
+            name, source, toolchain, kind, flags, include_dirs, defines, arch, signature)
+        loaded = self._loaded.get(digest) if digest is not None else None
+        if loaded is not None:
+            return loaded
         return self._serve(request, chain, settings, fast_key, load=True)[1]
 
     def build(
@@ -222,17 +217,28 @@ class JitContext:
         signature: str | Sequence[str] = (),
     ) -> Artifact:
         """Build (or reuse) without loading; says where the artifact came from."""
+        request, chain, settings, fast_key, digest = self._recall(
+            name, source, toolchain, kind, flags, include_dirs, defines, arch, signature)
+        artifact = self._artifacts.get(digest) if digest is not None else None
+        if artifact is not None:
+            return replace(artifact, origin="memory")
+        return self._serve(request, chain, settings, fast_key, load=False)[0]
+
+    def _recall(self, name, source, toolchain, kind, flags, include_dirs, defines, arch, signature):
+        """Normalize a request and look it up in memory: (request, chain, settings, fast_key, digest),
+        digest None unless this process served the request before, its includes are unchanged and
+        no forced rebuild is due."""
         request, chain = _normalize(name, source, toolchain, kind, flags, include_dirs, defines, arch, signature)
         snapshot = self.env.snapshot()
         settings = self.env.settings(self.default_cache_dir, snapshot)
         fast_key = (request, snapshot, chain.tool_environment(self.env))
         remembered = self._requests.get(fast_key)
+        digest = None
         if remembered is not None:
-            digest, stamps = remembered
-            artifact = self._artifacts.get(digest)
-            if artifact is not None and stamps_unchanged(stamps) and not self._must_force(settings, digest):
-                return replace(artifact, origin="memory")
-        return self._serve(request, chain, settings, fast_key, load=False)[0]
+            known, stamps = remembered
+            if stamps_unchanged(stamps) and not self._must_force(settings, known):
+                digest = known
+        return request, chain, settings, fast_key, digest
 
     def compile_to_path(self, name: str, source: str, **options: Any) -> Path:
         """build(...).path: the artifact's path, never loaded (no device needed). Same options as build()."""
