@@ -3,9 +3,12 @@
 Rule: this package imports torch and the standard library only, and every conversion is exact —
 anything lossy raises LayoutConversionError. Modules: `ue8m0` (exponent-only scales),
 `fp8_scales` (SM90 / SM100 / Ascend MX scale layouts), `fp4` (E2M1 codes and nibble packing),
-`nz` (Ascend FRACTAL_NZ tiles), `moe` (grouped-GEMM row layouts), `kv_cache` (FlashMLA FP8 cache).
+`nz` (Ascend FRACTAL_NZ tiles), `moe` (grouped-GEMM row layouts), `kv_cache` (FlashMLA FP8 cache);
+`format` (the `Format` value and `PLAIN`), `nvidia` (`SM90`, `SM100`) and `ascend` (`ASCEND_MX`,
+`ASCEND_MX_NZ`): one Format object per operand byte format, composed from the functions above.
 """
 
+from .ascend import ASCEND_MX, ASCEND_MX_NZ
 from .constants import (
     ACL_FORMAT_FRACTAL_NZ,
     ACL_FORMAT_ND,
@@ -33,6 +36,7 @@ from .constants import (
     TMA_ALIGN_BYTES,
 )
 from .errors import LayoutConversionError
+from .format import ELEMENTS, PLAIN, Decoded, Encoded, Format, format_named, known_formats
 from .fp4 import E2M1_VALUES, e2m1_decode, e2m1_encode, fp4_scale_from_amax, pack_e2m1, unpack_e2m1
 from .fp8_scales import (
     ascend_mx_byte_view,
@@ -69,6 +73,7 @@ from .moe import (
     psum_layout,
     segment_starts,
 )
+from .nvidia import SM90, SM100
 from .nz import nd_to_nz, nz_c0, nz_shape, nz_to_nd
 from .ue8m0 import ceil_to_ue8m0, is_power_of_two, ue8m0_exponents, ue8m0_to_fp32
 
@@ -100,6 +105,18 @@ __all__ = [
     "TMA_ALIGN_BYTES",
     # errors
     "LayoutConversionError",
+    # formats
+    "ASCEND_MX",
+    "ASCEND_MX_NZ",
+    "Decoded",
+    "ELEMENTS",
+    "Encoded",
+    "Format",
+    "PLAIN",
+    "SM90",
+    "SM100",
+    "format_named",
+    "known_formats",
     # ue8m0
     "ceil_to_ue8m0",
     "is_power_of_two",

@@ -6,25 +6,25 @@ strict layout mode and the implicit-conversion counter, the value types and the 
 """
 
 from .contract import OpContract, QuantArg, Tolerance, contracts, get_contract
-from .conversions import (ImplicitConversionWarning, implicit_conversions, reset_implicit_conversions,
-                          strict_layouts)
+from .conversions import ImplicitConversionWarning, implicit_conversions, reset_implicit_conversions, strict_layouts
 from .ep import (CombineResult, DispatchHandle, DispatchResult, LowLatencyDispatchResult, LowLatencyHandle,
                  get_dispatch_layout, simulate_combine, simulate_dispatch, simulate_low_latency_combine,
                  simulate_low_latency_dispatch)
-from .errors import (BackendUnavailableError, ContractError, LayoutError, NoKernelError,
-                     PortableKernelsError)
-from .gemm import bf16_gemm_nt, fp8_gemm_nt
+from .errors import BackendUnavailableError, ContractError, LayoutError, NoKernelError, PortableKernelsError
+from .formats import PLAIN, Format
 from .fp4 import fp8_fp4_gemm_nt, per_token_cast_to_fp4, swiglu_forward_and_per_token_cast
+from .gemm import bf16_gemm_nt, fp8_gemm_nt
 from .grouped_gemm import (get_m_alignment_for_contiguous_layout, m_grouped_bf16_gemm_nt_contiguous,
                            m_grouped_bf16_gemm_nt_masked, m_grouped_fp8_gemm_nt_contiguous,
                            m_grouped_fp8_gemm_nt_masked)
 from .mla import MlaMetadata, flash_mla_with_kvcache, get_mla_metadata
-from .moe_routing import (FusedMapping, expand_to_fused, expand_to_fused_with_sf, get_fused_mapping,
-                          normalize_weight, reduce_fused, top2_sum_gate)
+from .moe_routing import (FusedMapping, expand_to_fused, expand_to_fused_with_sf, get_fused_mapping, normalize_weight,
+                          reduce_fused, top2_sum_gate)
 from .numerics import calc_diff
 from .prepare import prepare_inputs
+from .providers import Inputs, Limit, Provider
 from .quantization import dequantize, per_block_cast_to_fp8, per_token_cast_to_fp8
-from .registry import Backend, Provider, Registry, available_backends, registry, use_backend
+from .registry import Backend, Registry, available_backends, registry, use_backend
 from .tensors import LayoutTag, PreparedTensor, QuantTensor
 from .topk import topk
 
@@ -40,7 +40,7 @@ __all__ = [
     "get_m_alignment_for_contiguous_layout", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
     "MlaMetadata", "flash_mla_with_kvcache", "get_mla_metadata",
-    "Backend", "BackendUnavailableError", "ContractError", "ImplicitConversionWarning", "LayoutError",
+    "Backend", "BackendUnavailableError", "Format", "Inputs", "Limit", "PLAIN", "ContractError", "ImplicitConversionWarning", "LayoutError",
     "LayoutTag", "NoKernelError", "OpContract", "PortableKernelsError", "PreparedTensor", "Provider",
     "QuantArg", "QuantTensor", "Registry", "Tolerance", "available_backends", "bf16_gemm_nt", "calc_diff",
     "contracts", "dequantize", "fp8_gemm_nt", "get_contract", "implicit_conversions", "per_block_cast_to_fp8",

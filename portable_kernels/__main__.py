@@ -20,21 +20,26 @@ def _doctor(args: argparse.Namespace) -> int:
         state = "available" if info.available else f"unavailable: {info.reason}"
         emulation = ", emulation on cpu" if info.emulation else ""
         print(f"{name}: devices {list(info.device_types)}{emulation}; {state}")
-        for op, providers in sorted(info.providers.items()):
-            print(f"    {op}: {', '.join(providers)}")
+        for fmt in info.formats:
+            print(f"  format {fmt.describe()}")
+        for op, providers in sorted(info.details.items()):
+            print(f"    {op}:")
+            for provider in providers:
+                print(f"      {provider.describe()}")
     return 0
 
 
 def _conformance(args: argparse.Namespace) -> int:
     from .testing import run_conformance
     options = {"arch": args.arch} if args.arch else {}
-    report = run_conformance(backend=args.backend, ops=args.ops or None, quick=args.quick, **options)
+    report = run_conformance(backend=args.backend, ops=args.ops or None, quick=args.quick, progress=sys.stderr,
+                             **options)
     print(report.format_table())
     return 0 if report.ok else 1
 
 
 def _layouts(args: argparse.Namespace) -> int:
-    from .layout_plots import plot_scale_layouts
+    from .plots import plot_scale_layouts
     for path in plot_scale_layouts(args.plot):
         print(path)
     return 0

@@ -1,23 +1,21 @@
-"""Contract machinery: how an op family declares its arguments, reference math and tolerance,
-and how a public op binds its operands to a backend and runs the selected provider.
+"""Contract machinery: how an op family declares its arguments, reference math and tolerance.
 
-Flow (no step reaches back): public op -> quant_operand (logical view) -> op's validation ->
-bind (backend selection + implicit conversion, counted) -> BoundCall.run -> provider.
+Flow (no step reaches back): public op -> quant_operand (logical view) -> the op's validation ->
+the family's inputs value -> `dispatch.run` (backend and provider, chosen once per call
+signature; unprepared operands converted, counted) -> provider(inputs).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping
 
 import attrs
 import torch
 
-from .conversions import note_implicit_conversion
-from .errors import ContractError, LayoutError, format_problem
-from .layout import encode_for
+from .errors import ContractError, format_problem
+from .formats import Format
 from .layouts.ue8m0 import is_power_of_two
-from .registry import Selection, registry, select_backend
 from .tensors import FP8_DTYPE, PreparedTensor, QuantTensor, cdiv, describe
 
 Role = Literal["lhs", "rhs"]
@@ -48,33 +46,17 @@ class Tolerance:
 
 
 @attrs.frozen
-class KernelOperand:
-    """Where one quantized operand travels in a kernel's keyword arguments.
-
-    data, scale, format, granularity: the names of the kernel arguments holding its bytes, its
-    scale storage, its layout format name and its storage granularity. `shape` computes the
-    operand's logical shape from the kernel arguments when the data bytes do not show it (e.g. a
-    tiled format with padding); by default it is the data's shape.
-    """
-
-    data: str
-    scale: str
-    format: str
-    granularity: str
-    shape: Callable[[Mapping[str, Any]], tuple[int, ...]] | None = None
-
-
-@attrs.frozen
 class OpContract:
     """One op's contract.
 
     reference:  the math in plain torch, on logical values
     tolerance:  calc_diff bounds for conformance
     quant_args: the quantized arguments of the public function
-    kernel:     the reference kernel — the contract math with the providers' keyword signature,
-                reading the logical layout (fp32 row-major scales); backends wrap it to build
-                layout-checking oracles
-    operands:   where each quantized operand sits in the kernel's arguments
+    kernel:     the reference kernel — the contract math as a provider: a function of the op's
+                inputs value whose quantized operands are in the PLAIN format; every backend's
+                layout-reference oracle decodes its own bytes to PLAIN and calls it
+    kernel_formats: Formats the reference kernel is limited to per inputs field beyond its
+                operands (the quantizers emit PLAIN scales only: {"out_format": (PLAIN,)})
     """
 
     name: str
@@ -82,7 +64,7 @@ class OpContract:
     tolerance: Tolerance
     quant_args: tuple[QuantArg, ...] = ()
     kernel: Callable[..., Any] | None = None
-    operands: tuple[KernelOperand, ...] = ()
+    kernel_formats: Mapping[str, tuple[Format, ...]] = attrs.field(factory=dict)
 
     def quant_arg(self, name: str) -> QuantArg:
         for qa in self.quant_args:
@@ -157,9 +139,9 @@ def _infer_gran(n: int, blocks: int, default: int) -> int | None:
 def quant_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | PreparedTensor:
     """The logical view of a quantized argument: PreparedTensor and QuantTensor pass through; a raw
     DeepGEMM-style `(data, scale)` tuple becomes a QuantTensor (granularity inferred from shapes)."""
-    qa = contract.quant_arg(arg)
     if isinstance(value, (QuantTensor, PreparedTensor)):
         return value
+    qa = contract.quant_arg(arg)
     if isinstance(value, torch.Tensor):
         raise ContractError(format_problem(
             contract.name, arg, describe(value), "a quantized operand: a (data, scale) tuple, a QuantTensor or a "
@@ -187,61 +169,3 @@ def quant_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | P
             f"[..., ceil(MN/gran_mn), ceil(K/gran_k)] (default granularity {qa.granularity})",
             "pass scales from the same quantizer call as the data"))
     return QuantTensor(data, scale, (gm, gk), ue8m0=is_power_of_two(scale))
-
-
-@attrs.frozen
-class BoundCall:
-    """An op call bound to a backend, with every quantized argument in that backend's bytes."""
-
-    contract: OpContract
-    selection: Selection
-    quant: Mapping[str, PreparedTensor]
-
-    @property
-    def backend(self) -> str:
-        return self.selection.backend.name
-
-    def run(self, **kernel_args: Any) -> Any:
-        provider = registry().select_provider(self.contract.name, self.backend, kernel_args)
-        return provider.fn(**kernel_args)
-
-
-def _tensors(values: Sequence[Any]) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (QuantTensor, PreparedTensor)):
-            out.append(v.data)
-    return out
-
-
-def to_backend(contract: OpContract, arg: str, value: QuantTensor | PreparedTensor, selection: Selection,
-               implicit: bool) -> PreparedTensor:
-    """Bring one quantized operand into `selection`'s bytes; prepared ones are checked, not converted."""
-    qa = contract.quant_arg(arg)
-    backend = selection.backend
-    if isinstance(value, PreparedTensor):
-        options = {**dict(value.tag.params), **selection.options}
-        want = backend.layout_for(contract.name, arg, qa.role, options)
-        if value.tag.backend != backend.name or value.tag.format != want.format:
-            raise LayoutError(
-                f"{contract.name}: argument '{arg}' is in layout {value.tag}, but backend {backend.name!r} needs "
-                f"{backend.name}:{want.format} here. Fix: prepare it for this backend and device with "
-                f"prepare_inputs({contract.name!r}, backend={backend.name!r}, {arg}=...).")
-        return value
-    layout = backend.layout_for(contract.name, arg, qa.role, selection.options)
-    if implicit:
-        note_implicit_conversion(contract.name, arg, backend.name, layout.format)
-    return encode_for(contract.name, arg, backend.name, layout, value)
-
-
-def bind(contract: OpContract, quant: Mapping[str, QuantTensor | PreparedTensor],
-         tensors: Sequence[Any] = ()) -> BoundCall:
-    """Select the backend for a call and bring its quantized operands into that backend's bytes."""
-    tags = {arg: v.tag.backend for arg, v in quant.items() if isinstance(v, PreparedTensor)}
-    selection = select_backend(contract.name, _tensors([*quant.values(), *tensors]), tags)
-    prepared = {}
-    for arg, value in quant.items():  # a loop, not a comprehension: keeps the warning's stacklevel exact
-        prepared[arg] = to_backend(contract, arg, value, selection, implicit=True)
-    return BoundCall(contract, selection, prepared)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import sys
 import threading
 import warnings
+from pathlib import Path
 from typing import Iterator
 
 from .errors import LayoutError
@@ -75,4 +77,17 @@ def note_implicit_conversion(op: str, arg: str, backend: str, layout: str) -> No
             f"portable_kernels.implicit_conversions()). To keep the hot path free of conversions, prepare weights "
             f"once with prepare_inputs and quantize activations with prepare_for={op!r}; set {STRICT_ENV}=1 to make "
             f"this an error.",
-            ImplicitConversionWarning, stacklevel=5)
+            ImplicitConversionWarning, stacklevel=_caller_level())
+
+
+#: files of this library (and its mapped subpackages) that a warning should skip to reach the user
+_OUR_ROOTS = tuple(str(p) for p in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "layouts",
+                                    Path(__file__).resolve().parents[1] / "backends"))
+
+
+def _caller_level() -> int:
+    """The stacklevel of the first frame outside this library (the user's call site)."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_OUR_ROOTS):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -23,15 +23,15 @@ class LayoutError(PortableKernelsError, ValueError):
 class NoKernelError(PortableKernelsError, RuntimeError):
     """No provider of the selected backend accepts these inputs; lists every provider's reason."""
 
-    def __init__(self, op: str, backend: str, reasons: dict[str, str]):
+    def __init__(self, op: str, backend: str, reasons: dict[str, list[str] | str]):
         self.op = op
         self.backend = backend
-        self.reasons = dict(reasons)
+        self.reasons = {name: [why] if isinstance(why, str) else list(why) for name, why in reasons.items()}
         lines = [f"{op}: no kernel of backend '{backend}' accepts these inputs."]
         if not reasons:
             lines.append("  the backend registers no provider for this op.")
-        for provider, reason in reasons.items():
-            lines.append(f"  - {provider}: {reason}")
+        for provider, why in self.reasons.items():
+            lines.append(f"  - {provider}: " + "; ".join(why))
         lines.append("Fix: change the inputs as a reason says, or pick another backend with "
                      "portable_kernels.use_backend(...).")
         super().__init__("\n".join(lines))

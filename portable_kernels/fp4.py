@@ -14,18 +14,22 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import attrs
 import torch
 import torch.nn.functional as F
 
-from .contract import (BoundCall, OpContract, QuantArg, Tolerance, bind, checks_values, get_contract, public_op,
-                       quant_operand,
-                       register_contract, to_backend)
+from .checks import check_bool, check_int
+from .contract import OpContract, QuantArg, Tolerance, checks_values, public_op, quant_operand, register_contract
+from .dispatch import run
 from .errors import ContractError, format_problem
-from .gemm import FP8_OPERANDS, check_gemm_output, check_shared_k, gemm_reference
+from .formats import PLAIN, Format
+from .gemm import GemmInputs, check_gemm_output, check_shared_k, fp8_gemm_nt_kernel, gemm_reference
 from .layouts.constants import FP4_E2M1_MAX, MX_BLOCK_K, SCALE_AMAX_FLOOR
 from .layouts.fp4 import e2m1_encode, fp4_scale_from_amax, pack_e2m1
 from .layouts.ue8m0 import is_power_of_two
-from .quantization import FLOAT_INPUT_DTYPES, dequantize_reference, quantize_blocks_reference
+from .providers import Inputs
+from .quantization import (FLOAT_INPUT_DTYPES, PLAIN_OUTPUT, CastInputs, check_float_input, consumer,
+                           quantize_blocks_reference, quantized_result)
 from .tensors import PreparedTensor, QuantTensor, cdiv, describe
 
 #: dtypes DeepGEMM-style raw FP4 tuples may carry their packed bytes in
@@ -99,49 +103,58 @@ def swiglu_clamp_counts(x: torch.Tensor, valid: torch.Tensor, clamp: float) -> t
     return torch.stack([(gate > clamp).sum(), (up > clamp).sum(), (up < -clamp).sum()]).to(torch.int64)
 
 
-def fp8_fp4_gemm_nt_kernel(a, sfa, b, sfb, d, c, sfa_format, sfb_format, sfa_granularity, sfb_granularity) -> None:
-    """Reference kernel on the logical layout: a fp8, b packed e2m1 bytes, fp32 row-major scales."""
-    if d.numel() == 0:
-        return
-    da = dequantize_reference(QuantTensor(a, sfa, sfa_granularity))
-    db = dequantize_reference(QuantTensor(b, sfb, sfb_granularity, element="e2m1"))
-    d.copy_(gemm_reference(da, db, c))
+@attrs.frozen
+class SwigluCastInputs(Inputs):
+    """One swiglu_forward_and_per_token_cast call (validated): x [M, 2I], the optional row mapping
+    and weights, the clamp, clamped_count to add into, and the Format of the returned scales
+    (PLAIN unless a provider emits a consumer's Format). A provider returns (data, scale storage)."""
+
+    x: torch.Tensor
+    num_per_channels: int
+    round_sf: bool
+    pos_to_token_topk: torch.Tensor | None
+    topk_weights: torch.Tensor | None
+    pos_to_expert: torch.Tensor | None
+    swiglu_clamp_value: float | None
+    clamped_count: torch.Tensor | None
+    out_format: Format = PLAIN
+    device_field = "x"
+
+    def dims(self) -> dict[str, int]:
+        m, two_i = self.x.shape
+        return {"M": m, "I": two_i // 2}
 
 
-def swiglu_forward_and_per_token_cast_kernel(x, num_per_channels, round_sf, pos_to_token_topk, topk_weights,
-                                             pos_to_expert, swiglu_clamp_value, clamped_count):
+def fp4_cast_kernel(call: CastInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference kernel of per_token_cast_to_fp4: PLAIN output."""
+    return quantize_fp4_reference(call.x, call.granularity[1], call.use_ue8m0)
+
+
+def swiglu_forward_and_per_token_cast_kernel(call: SwigluCastInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference kernel: adds this call's clamp counts into clamped_count (when given), then quantizes."""
-    if clamped_count is not None:
-        valid, _ = swiglu_rows(x.shape[0], pos_to_token_topk, topk_weights, pos_to_expert, x.device)
-        clamped_count += swiglu_clamp_counts(x, valid, swiglu_clamp_value)
-    return swiglu_forward_and_per_token_cast_reference(x, num_per_channels, round_sf, pos_to_token_topk,
-                                                       topk_weights, pos_to_expert, swiglu_clamp_value)
+    if call.clamped_count is not None:
+        valid, _ = swiglu_rows(call.x.shape[0], call.pos_to_token_topk, call.topk_weights, call.pos_to_expert,
+                               call.x.device)
+        call.clamped_count.add_(swiglu_clamp_counts(call.x, valid, call.swiglu_clamp_value))
+    return swiglu_forward_and_per_token_cast_reference(call.x, call.num_per_channels, call.round_sf,
+                                                       call.pos_to_token_topk, call.topk_weights, call.pos_to_expert,
+                                                       call.swiglu_clamp_value)
 
 
 PER_TOKEN_CAST_FP4 = register_contract(OpContract(
     "per_token_cast_to_fp4", quantize_fp4_reference, Tolerance(dequantized=0.0, unquantized=2e-2),
-    kernel=quantize_fp4_reference))
+    kernel=fp4_cast_kernel, kernel_formats=PLAIN_OUTPUT))
 FP8_FP4_GEMM_NT = register_contract(OpContract(
     "fp8_fp4_gemm_nt", gemm_reference, Tolerance(dequantized=1e-6, unquantized=1e-2),
     # b is the weight operand ("rhs"); its scales are per row (1, 32), as DeepGEMM's mixed recipes
-    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (1, MX_BLOCK_K))),
-    fp8_fp4_gemm_nt_kernel, FP8_OPERANDS))
+    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (1, MX_BLOCK_K))), fp8_gemm_nt_kernel))
 SWIGLU_CAST = register_contract(OpContract(
     "swiglu_forward_and_per_token_cast", swiglu_forward_and_per_token_cast_reference,
-    Tolerance(dequantized=1e-5, unquantized=1e-3), kernel=swiglu_forward_and_per_token_cast_kernel))
+    Tolerance(dequantized=1e-5, unquantized=1e-3), kernel=swiglu_forward_and_per_token_cast_kernel,
+    kernel_formats=PLAIN_OUTPUT))
 
 
 # -- shared checks ---------------------------------------------------------------------------------
-
-
-def _check_bool(op: str, arg: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ContractError(format_problem(op, arg, repr(value), "a bool", "pass True or False"))
-
-
-def _check_positive_int(op: str, arg: str, value: Any, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ContractError(format_problem(op, arg, repr(value), "a positive int", fix))
 
 
 def _check_finite_values(op: str, x: torch.Tensor) -> None:
@@ -149,18 +162,6 @@ def _check_finite_values(op: str, x: torch.Tensor) -> None:
     if checks_values(x) and x.numel() and not bool(torch.isfinite(x).all()):
         raise ContractError(format_problem(op, "x", "a tensor with NaN or Inf values", "finite values",
                                            "E2M1 has no NaN/Inf code; clean the input before quantizing"))
-
-
-def _target(prepare_for: str | Callable[..., Any] | None, arg: str) -> OpContract | None:
-    if prepare_for is None:
-        return None
-    target = get_contract(prepare_for)
-    target.quant_arg(arg)
-    return target
-
-
-def _finish(call: BoundCall, qt: QuantTensor, target: OpContract | None, arg: str) -> QuantTensor | PreparedTensor:
-    return qt if target is None else to_backend(target, arg, qt, call.selection, implicit=False)
 
 
 # -- per_token_cast_to_fp4 -------------------------------------------------------------------------
@@ -181,23 +182,17 @@ def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: 
     weight of fp8_fp4_gemm_nt.
     """
     op = PER_TOKEN_CAST_FP4.name
-    if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_INPUT_DTYPES:
-        raise ContractError(format_problem(op, "x", describe(x), f"a tensor of dtype {FLOAT_INPUT_DTYPES}",
-                                           "pass bf16/fp16/fp32 values"))
-    if not 2 <= x.dim() <= 3:
-        raise ContractError(format_problem(op, "x", f"{x.dim()}-D ({tuple(x.shape)})", "2 or 3 dims",
-                                           "reshape to [..., rows, K]"))
+    check_float_input(op, x, 2, 3)
     if x.shape[-1] % 2:
         raise ContractError(format_problem(op, "x", f"of shape {tuple(x.shape)} (odd K = {x.shape[-1]})",
                                            "an even K (two FP4 codes per byte)", "pad K to an even length"))
-    _check_positive_int(op, "gran_k", gran_k, "pass e.g. gran_k=32 (keywords: per_token_cast_to_fp4(x, "
-                                              "gran_k=32, use_ue8m0=True))")
-    _check_bool(op, "use_ue8m0", use_ue8m0)
+    check_int(op, "gran_k", gran_k, 1, fix="pass e.g. gran_k=32 (keywords: per_token_cast_to_fp4(x, gran_k=32, "
+                                           "use_ue8m0=True))")
+    check_bool(op, "use_ue8m0", use_ue8m0)
     _check_finite_values(op, x)
-    target = _target(prepare_for, arg)
-    call = bind(PER_TOKEN_CAST_FP4, {}, [x])
-    data, scale = call.run(x=x, gran_k=gran_k, use_ue8m0=use_ue8m0)
-    return _finish(call, QuantTensor(data, scale, (1, gran_k), ue8m0=use_ue8m0, element="e2m1"), target, arg)
+    target = consumer(prepare_for, arg)
+    return quantized_result(PER_TOKEN_CAST_FP4, lambda fmt: CastInputs(x, (1, gran_k), use_ue8m0, fmt),
+                            tuple(x.shape), (1, gran_k), use_ue8m0, "e2m1", target, arg)
 
 
 # -- fp8_fp4_gemm_nt -------------------------------------------------------------------------------
@@ -275,11 +270,7 @@ def fp8_fp4_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = No
     _check_fp8_fp4_operands(op, qa, qb)
     _check_recipes(op, qa, qb, recipe, recipe_a, recipe_b)
     check_gemm_output(op, d, c, (qa.shape[0], qb.shape[0]), qa.device)
-    call = bind(FP8_FP4_GEMM_NT, {"a": qa, "b": qb}, [d, c])
-    pa, pb = call.quant["a"], call.quant["b"]
-    call.run(a=pa.data, sfa=pa.scale, b=pb.data, sfb=pb.scale, d=d, c=c,
-             sfa_format=pa.tag.format, sfb_format=pb.tag.format,
-             sfa_granularity=pa.storage_granularity, sfb_granularity=pb.storage_granularity)
+    run(FP8_FP4_GEMM_NT, GemmInputs(qa, qb, d, c))
 
 
 # -- swiglu_forward_and_per_token_cast ---------------------------------------------------------------
@@ -308,15 +299,15 @@ def _check_swiglu_args(op: str, x: Any, fmt: Any, num_per_channels: Any, pos_to_
     if fmt not in SWIGLU_FORMATS:
         raise ContractError(format_problem(op, "fmt", repr(fmt), f"one of {SWIGLU_FORMATS}",
                                            "pass 'e4m3'; for FP4 call per_token_cast_to_fp4 on the activation"))
-    _check_positive_int(op, "num_per_channels", num_per_channels,
-                        "pass 128, or I (= x.shape[1] // 2) for one scale per row")
+    check_int(op, "num_per_channels", num_per_channels, 1,
+              fix="pass 128, or I (= x.shape[1] // 2) for one scale per row")
     for arg, value in (("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf),
                        ("use_packed_ue8m0", use_packed_ue8m0)):
-        _check_bool(op, arg, value)
+        check_bool(op, arg, value)
         if value:
             raise ContractError(format_problem(op, arg, "True", "False (scales come back as logical fp32)",
                                                "pass prepare_for=<consuming op> to get that backend's scale bytes"))
-    _check_bool(op, "round_sf", round_sf)
+    check_bool(op, "round_sf", round_sf)
     rows, device = x.shape[0], x.device
     _check_optional_vector(op, "pos_to_token_topk", pos_to_token_topk, rows, device)
     _check_optional_vector(op, "pos_to_expert", pos_to_expert, rows, device)
@@ -396,11 +387,12 @@ def swiglu_forward_and_per_token_cast(
     _check_swiglu_args(op, x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
                        use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value, clamped_count)
     _check_swiglu_values(op, pos_to_token_topk, topk_weights, pos_to_expert)
-    target = _target(prepare_for, arg)
+    target = consumer(prepare_for, arg)
     clamp = None if swiglu_clamp_value is None else float(swiglu_clamp_value)
-    call = bind(SWIGLU_CAST, {}, [x, pos_to_token_topk, topk_weights, pos_to_expert, clamped_count])
-    data, scale = call.run(x=x, num_per_channels=num_per_channels, round_sf=round_sf,
-                           pos_to_token_topk=pos_to_token_topk, topk_weights=topk_weights,
-                           pos_to_expert=pos_to_expert, swiglu_clamp_value=clamp, clamped_count=clamped_count)
-    qt = QuantTensor(data, scale, (1, num_per_channels), ue8m0=round_sf)
-    return _finish(call, qt, target, arg)
+
+    def make(fmt: Format) -> SwigluCastInputs:
+        return SwigluCastInputs(x, num_per_channels, round_sf, pos_to_token_topk, topk_weights, pos_to_expert, clamp,
+                                clamped_count, fmt)
+
+    return quantized_result(SWIGLU_CAST, make, (x.shape[0], x.shape[1] // 2), (1, num_per_channels), round_sf,
+                            "e4m3", target, arg)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 
-from .contract import (KernelOperand, OpContract, QuantArg, Tolerance, bind, public_op, quant_operand,
-                       register_contract)
+from .contract import OpContract, QuantArg, Tolerance, public_op, quant_operand, register_contract
+from .dispatch import run
 from .errors import ContractError, format_problem
-from .quantization import dequantize_reference
+from .providers import Inputs
+from .quantization import dequantized
 from .tensors import PreparedTensor, QuantTensor, describe
 
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -28,28 +30,43 @@ def gemm_reference(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = No
     return out if c is None else out + c.float()
 
 
-def fp8_gemm_nt_kernel(a, sfa, b, sfb, d, c, sfa_format, sfb_format, sfa_granularity, sfb_granularity) -> None:
-    """Reference kernel of fp8_gemm_nt on the logical layout (fp32 row-major scales)."""
-    if d.numel() == 0:
+@attrs.frozen
+class GemmInputs(Inputs):
+    """One dense GEMM call, D = C + A·Bᵀ (fp8_gemm_nt, bf16_gemm_nt, fp8_fp4_gemm_nt).
+
+    a: [M, K] — a PreparedTensor (fp8 e4m3) for the quantized GEMMs, a bf16 tensor for bf16_gemm_nt
+    b: [N, K] — a PreparedTensor (e4m3, or e2m1 for fp8_fp4_gemm_nt), or a bf16 tensor
+    d: bf16/fp32 [M, N], written in place; c: None or fp32 (or d's dtype) [M, N]
+    """
+
+    a: PreparedTensor | torch.Tensor
+    b: PreparedTensor | torch.Tensor
+    d: torch.Tensor
+    c: torch.Tensor | None = None
+    device_field = "d"
+
+    def dims(self) -> dict[str, int]:
+        m, n = self.d.shape
+        return {"M": m, "N": n, "K": self.a.shape[-1]}
+
+
+def fp8_gemm_nt_kernel(call: GemmInputs) -> None:
+    """Reference kernel of fp8_gemm_nt (and fp8_fp4_gemm_nt): PLAIN operands dequantized to fp32."""
+    if call.d.numel() == 0:
         return
-    da = dequantize_reference(QuantTensor(a, sfa, sfa_granularity))
-    db = dequantize_reference(QuantTensor(b, sfb, sfb_granularity))
-    d.copy_(gemm_reference(da, db, c))
+    call.d.copy_(gemm_reference(dequantized(call.a), dequantized(call.b), call.c))
 
 
-def bf16_gemm_nt_kernel(a, b, d, c) -> None:
+def bf16_gemm_nt_kernel(call: GemmInputs) -> None:
     """Reference kernel of bf16_gemm_nt."""
-    if d.numel() == 0:
+    if call.d.numel() == 0:
         return
-    d.copy_(gemm_reference(a, b, c))
+    call.d.copy_(gemm_reference(call.a, call.b, call.c))
 
-
-FP8_OPERANDS = (KernelOperand("a", "sfa", "sfa_format", "sfa_granularity"),
-                KernelOperand("b", "sfb", "sfb_format", "sfb_granularity"))
 
 FP8_GEMM_NT = register_contract(OpContract(
     "fp8_gemm_nt", gemm_reference, Tolerance(dequantized=1e-6, unquantized=1e-3),
-    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128))), fp8_gemm_nt_kernel, FP8_OPERANDS))
+    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128))), fp8_gemm_nt_kernel))
 BF16_GEMM_NT = register_contract(OpContract(
     "bf16_gemm_nt", gemm_reference, Tolerance(dequantized=1e-6, unquantized=1e-5), (), bf16_gemm_nt_kernel))
 
@@ -132,11 +149,7 @@ def fp8_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, 
     qa, qb = quant_operand(FP8_GEMM_NT, "a", a), quant_operand(FP8_GEMM_NT, "b", b)
     _check_fp8_operands(op, qa, qb, recipe)
     check_gemm_output(op, d, c, (qa.shape[0], qb.shape[0]), qa.device)
-    call = bind(FP8_GEMM_NT, {"a": qa, "b": qb}, [d, c])
-    pa, pb = call.quant["a"], call.quant["b"]
-    call.run(a=pa.data, sfa=pa.scale, b=pb.data, sfb=pb.scale, d=d, c=c,
-             sfa_format=pa.tag.format, sfb_format=pb.tag.format,
-             sfa_granularity=pa.storage_granularity, sfb_granularity=pb.storage_granularity)
+    run(FP8_GEMM_NT, GemmInputs(qa, qb, d, c))
 
 
 @public_op(BF16_GEMM_NT)
@@ -158,5 +171,4 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     if b.device != a.device:
         raise ContractError(format_problem(op, "b", f"on {b.device}", f"on {a.device}", "move b to a's device"))
     check_gemm_output(op, d, c, (a.shape[0], b.shape[0]), a.device)
-    call = bind(BF16_GEMM_NT, {}, [a, b, d, c])
-    call.run(a=a, b=b, d=d, c=c)
+    run(BF16_GEMM_NT, GemmInputs(a, b, d, c))

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 
-from .contract import (KernelOperand, OpContract, QuantArg, Tolerance, bind, checks_values, public_op, quant_operand,
-                       register_contract)
-from .errors import ContractError, format_problem
+from .checks import check_bool
+from .contract import OpContract, QuantArg, Tolerance, checks_values, public_op, quant_operand, register_contract
+from .dispatch import run, selection_for
+from .errors import BackendUnavailableError, ContractError, format_problem
+from .gemm import check_gemm_output, check_recipe, check_shared_k
 from .layouts.errors import LayoutConversionError
 from .layouts.moe import contiguous_m_indices, counts_from_psum, m_indices_from_psum
-from .gemm import check_gemm_output, check_recipe, check_shared_k
-from .quantization import dequantize_reference
-from .registry import forced_backend, registry, select_backend
+from .providers import Inputs
+from .quantization import dequantized
+from .registry import forced_backend, registry
 from .tensors import PreparedTensor, QuantTensor, describe
 
 #: dtype of m_indices, psum and masked_m (DeepGEMM takes int32 only)
@@ -101,75 +104,106 @@ def _write_masked(a, b, d, masked_m) -> None:
     d[rows] = grouped_gemm_masked_reference(a, b)[rows].to(d.dtype)
 
 
-def m_grouped_fp8_gemm_nt_contiguous_kernel(a, sfa, b, sfb, d, grouped_layout, use_psum_layout, alignment,
-                                            expected_m, sfa_format, sfb_format, sfa_granularity,
-                                            sfb_granularity) -> None:
-    """Reference kernel on the logical layout: dequantize, multiply, write only the valid rows of d."""
-    da = dequantize_reference(QuantTensor(a, sfa, sfa_granularity))
-    db = dequantize_reference(QuantTensor(b, sfb, sfb_granularity))
-    _write_contiguous(da, db, d, grouped_layout, use_psum_layout, alignment)
+@attrs.frozen
+class ContiguousGroupedInputs(Inputs):
+    """One contiguous grouped GEMM call (validated): a [M, K] (PreparedTensor e4m3, or bf16), b [G, N, K]
+    (PreparedTensor — its data may be tiled — or bf16), d [M, N]; grouped_layout: int32 m_indices [M]
+    or, with use_psum_layout, int32 psum [G]; alignment: the segment alignment of this backend;
+    expected_m: the psum hint or None. Writes only the valid rows of d."""
+
+    a: PreparedTensor | torch.Tensor
+    b: PreparedTensor | torch.Tensor
+    d: torch.Tensor
+    grouped_layout: torch.Tensor
+    use_psum_layout: bool
+    alignment: int
+    expected_m: int | None
+    device_field = "d"
+
+    def dims(self) -> dict[str, int]:
+        g, n, k = self.b.shape
+        return {"M": self.d.shape[0], "N": n, "K": k, "G": g}
 
 
-def m_grouped_fp8_gemm_nt_masked_kernel(a, sfa, b, sfb, d, masked_m, expected_m, sfa_format, sfb_format,
-                                        sfa_granularity, sfb_granularity) -> None:
-    """Reference kernel on the logical layout: rows >= masked_m[g] of d are left untouched."""
-    da = dequantize_reference(QuantTensor(a, sfa, sfa_granularity))
-    db = dequantize_reference(QuantTensor(b, sfb, sfb_granularity))
-    _write_masked(da, db, d, masked_m)
+@attrs.frozen
+class MaskedGroupedInputs(Inputs):
+    """One masked grouped GEMM call (validated): a [G, max_m, K], b [G, N, K], d [G, max_m, N],
+    masked_m int32 [G], expected_m a host-side hint. Writes only rows < masked_m[g] of d."""
+
+    a: PreparedTensor | torch.Tensor
+    b: PreparedTensor | torch.Tensor
+    d: torch.Tensor
+    masked_m: torch.Tensor
+    expected_m: int
+    device_field = "d"
+
+    def dims(self) -> dict[str, int]:
+        g, max_m, n = self.d.shape
+        return {"G": g, "max_m": max_m, "N": n, "K": self.b.shape[-1], "expected_m": self.expected_m}
 
 
-def m_grouped_bf16_gemm_nt_contiguous_kernel(a, b, d, grouped_layout, use_psum_layout, alignment,
-                                             expected_m) -> None:
-    _write_contiguous(a, b, d, grouped_layout, use_psum_layout, alignment)
+def _operand_values(t: PreparedTensor | torch.Tensor) -> torch.Tensor:
+    return dequantized(t) if isinstance(t, PreparedTensor) else t
 
 
-def m_grouped_bf16_gemm_nt_masked_kernel(a, b, d, masked_m, expected_m) -> None:
-    _write_masked(a, b, d, masked_m)
+def m_grouped_gemm_nt_contiguous_kernel(call: ContiguousGroupedInputs) -> None:
+    """Reference kernel (fp8 and bf16): dequantize, multiply, write only the valid rows of d."""
+    _write_contiguous(_operand_values(call.a), _operand_values(call.b), call.d, call.grouped_layout,
+                      call.use_psum_layout, call.alignment)
 
 
-def _weight_shape(kwargs) -> tuple[int, int, int]:
-    """Logical [G, N, K] of the grouped weight, from the other operands (its bytes may be tiled)."""
-    return kwargs["b"].shape[0], kwargs["d"].shape[-1], kwargs["a"].shape[-1]
+def m_grouped_gemm_nt_masked_kernel(call: MaskedGroupedInputs) -> None:
+    """Reference kernel (fp8 and bf16): rows >= masked_m[g] of d are left untouched."""
+    _write_masked(_operand_values(call.a), _operand_values(call.b), call.d, call.masked_m)
 
-
-GROUPED_FP8_OPERANDS = (KernelOperand("a", "sfa", "sfa_format", "sfa_granularity"),
-                        KernelOperand("b", "sfb", "sfb_format", "sfb_granularity", _weight_shape))
 
 M_GROUPED_FP8_CONTIGUOUS = register_contract(OpContract(
     "m_grouped_fp8_gemm_nt_contiguous", grouped_gemm_contiguous_reference,
     Tolerance(dequantized=1e-6, unquantized=1e-3),
-    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128))),
-    m_grouped_fp8_gemm_nt_contiguous_kernel, GROUPED_FP8_OPERANDS))
+    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128))), m_grouped_gemm_nt_contiguous_kernel))
 M_GROUPED_FP8_MASKED = register_contract(OpContract(
     "m_grouped_fp8_gemm_nt_masked", grouped_gemm_masked_reference,
     Tolerance(dequantized=1e-6, unquantized=1e-3),
-    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128))),
-    m_grouped_fp8_gemm_nt_masked_kernel, GROUPED_FP8_OPERANDS))
+    (QuantArg("a", "lhs", (1, 128)), QuantArg("b", "rhs", (128, 128))), m_grouped_gemm_nt_masked_kernel))
 M_GROUPED_BF16_CONTIGUOUS = register_contract(OpContract(
     "m_grouped_bf16_gemm_nt_contiguous", grouped_gemm_contiguous_reference,
-    Tolerance(dequantized=1e-6, unquantized=1e-5), kernel=m_grouped_bf16_gemm_nt_contiguous_kernel))
+    Tolerance(dequantized=1e-6, unquantized=1e-5), kernel=m_grouped_gemm_nt_contiguous_kernel))
 M_GROUPED_BF16_MASKED = register_contract(OpContract(
     "m_grouped_bf16_gemm_nt_masked", grouped_gemm_masked_reference, Tolerance(dequantized=1e-6, unquantized=1e-5),
-    kernel=m_grouped_bf16_gemm_nt_masked_kernel))
+    kernel=m_grouped_gemm_nt_masked_kernel))
 
 
-def get_m_alignment_for_contiguous_layout(device: str | torch.device | None = None) -> int:
+def get_m_alignment_for_contiguous_layout(device: str | torch.device | None = None, *,
+                                          like: PreparedTensor | None = None) -> int:
     """Rows each group's segment is padded to in the contiguous layout, for the backend that runs
-    the call: the one forced by `use_backend`, else the one for `device` (default: cpu).
-    NVIDIA (and cpu) 128, Ascend 256 — DeepGEMM's function of the same name, per backend."""
-    forced = forced_backend()
+    the call: the one forced by `use_backend`, else the backend a prepared weight `like` was made
+    for, else the one for `device` (default: cpu). NVIDIA (and cpu) 128, Ascend 256 — DeepGEMM's
+    function of the same name, per backend."""
+    op = "get_m_alignment_for_contiguous_layout"
     reg = registry()
+    forced = forced_backend()
     if forced is not None:
         return reg.backend(forced[0]).moe_alignment
-    return reg.backend_for_device(torch.device("cpu" if device is None else device)).moe_alignment
+    if like is not None:
+        if not isinstance(like, PreparedTensor):
+            raise ContractError(format_problem(op, "like", describe(like), "None or a PreparedTensor",
+                                               "pass the prepared grouped weight (prepare_inputs(...)['b'])"))
+        return reg.backend(like.backend).moe_alignment
+    try:
+        dev = torch.device("cpu" if device is None else device)
+    except (RuntimeError, TypeError) as exc:
+        raise ContractError(format_problem(op, "device", repr(device), "a torch device such as 'cpu' or 'cuda'",
+                                           "pass a valid device, or call inside use_backend(...)")) from exc
+    backend = reg.backend_for_device(dev)
+    reason = None if dev.type == "cpu" else backend.unavailable_reason()
+    if reason is not None:
+        raise BackendUnavailableError(f"{op}: backend {backend.name!r} for device {dev} is unavailable: {reason}. "
+                                      f"Fix: ask inside use_backend({backend.name!r}) to get its alignment in "
+                                      f"emulation.")
+    return backend.moe_alignment
 
 
 # -- validation (every check runs before anything is launched) ---------------------------------------
-
-
-def _check_bool(op: str, arg: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ContractError(format_problem(op, arg, repr(value), "a bool", "pass True or False"))
 
 
 def _check_host_int(op: str, arg: str, value: Any, optional: bool = False) -> None:
@@ -240,7 +274,7 @@ def _check_bf16_operands(op: str, a: Any, b: Any, masked: bool) -> None:
 
 def _check_contiguous_layout(op: str, grouped_layout: Any, use_psum_layout: bool, expected_m: Any,
                              total_m: int, num_groups: int, device: torch.device) -> None:
-    _check_bool(op, "use_psum_layout", use_psum_layout)
+    check_bool(op, "use_psum_layout", use_psum_layout)
     if use_psum_layout:
         _check_index_vector(op, "m_indices", grouped_layout, num_groups, "of G cumulative end rows (psum layout)",
                             device, _PSUM_FIX)
@@ -306,10 +340,9 @@ def _check_masked_m_values(op: str, masked_m: torch.Tensor, max_m: int) -> None:
                                            "allocate A with max_m >= the largest group"))
 
 
-def _alignment(op: str, quant: dict[str, QuantTensor | PreparedTensor], tensors: list[torch.Tensor]) -> int:
-    """The moe_alignment of the backend this call will run on (the same rule bind applies)."""
-    tags = {arg: v.tag.backend for arg, v in quant.items() if isinstance(v, PreparedTensor)}
-    return select_backend(op, [*(v.data for v in quant.values()), *tensors], tags).backend.moe_alignment
+def _alignment(contract: OpContract, inputs: Inputs) -> int:
+    """The moe_alignment of the backend this call will run on (cached with the call's signature)."""
+    return selection_for(contract, inputs).backend.moe_alignment
 
 
 def _check_layout_values(op: str, grouped_layout: torch.Tensor, use_psum_layout: bool, num_groups: int,
@@ -349,14 +382,10 @@ def m_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indices:
     (m, _), (g, n, _) = qa.shape, qb.shape
     check_gemm_output(op, d, None, (m, n), qa.device)
     _check_contiguous_layout(op, m_indices, use_psum_layout, expected_m_for_psum_layout, m, g, qa.device)
-    alignment = _alignment(op, {"a": qa, "b": qb}, [d, m_indices])
+    inputs = ContiguousGroupedInputs(qa, qb, d, m_indices, use_psum_layout, 0, expected_m_for_psum_layout)
+    alignment = _alignment(M_GROUPED_FP8_CONTIGUOUS, inputs)
     _check_layout_values(op, m_indices, use_psum_layout, g, m, alignment)
-    call = bind(M_GROUPED_FP8_CONTIGUOUS, {"a": qa, "b": qb}, [d, m_indices])
-    pa, pb = call.quant["a"], call.quant["b"]
-    call.run(a=pa.data, sfa=pa.scale, b=pb.data, sfb=pb.scale, d=d, grouped_layout=m_indices,
-             use_psum_layout=use_psum_layout, alignment=alignment, expected_m=expected_m_for_psum_layout,
-             sfa_format=pa.tag.format, sfb_format=pb.tag.format,
-             sfa_granularity=pa.storage_granularity, sfb_granularity=pb.storage_granularity)
+    run(M_GROUPED_FP8_CONTIGUOUS, attrs.evolve(inputs, alignment=alignment))
 
 
 @public_op(M_GROUPED_FP8_MASKED)
@@ -382,11 +411,7 @@ def m_grouped_fp8_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: torc
     _check_host_int(op, "expected_m", expected_m)
     if checks_values(masked_m):
         _check_masked_m_values(op, masked_m, max_m)
-    call = bind(M_GROUPED_FP8_MASKED, {"a": qa, "b": qb}, [d, masked_m])
-    pa, pb = call.quant["a"], call.quant["b"]
-    call.run(a=pa.data, sfa=pa.scale, b=pb.data, sfb=pb.scale, d=d, masked_m=masked_m, expected_m=expected_m,
-             sfa_format=pa.tag.format, sfb_format=pb.tag.format,
-             sfa_granularity=pa.storage_granularity, sfb_granularity=pb.storage_granularity)
+    run(M_GROUPED_FP8_MASKED, MaskedGroupedInputs(qa, qb, d, masked_m, expected_m))
 
 
 @public_op(M_GROUPED_BF16_CONTIGUOUS)
@@ -403,11 +428,10 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     (m, _), (g, n, _) = a.shape, b.shape
     check_gemm_output(op, d, None, (m, n), a.device)
     _check_contiguous_layout(op, m_indices, use_psum_layout, expected_m_for_psum_layout, m, g, a.device)
-    alignment = _alignment(op, {}, [a, b, d, m_indices])
+    inputs = ContiguousGroupedInputs(a, b, d, m_indices, use_psum_layout, 0, expected_m_for_psum_layout)
+    alignment = _alignment(M_GROUPED_BF16_CONTIGUOUS, inputs)
     _check_layout_values(op, m_indices, use_psum_layout, g, m, alignment)
-    call = bind(M_GROUPED_BF16_CONTIGUOUS, {}, [a, b, d, m_indices])
-    call.run(a=a, b=b, d=d, grouped_layout=m_indices, use_psum_layout=use_psum_layout, alignment=alignment,
-             expected_m=expected_m_for_psum_layout)
+    run(M_GROUPED_BF16_CONTIGUOUS, attrs.evolve(inputs, alignment=alignment))
 
 
 @public_op(M_GROUPED_BF16_MASKED)
@@ -427,5 +451,4 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     _check_host_int(op, "expected_m", expected_m)
     if checks_values(masked_m):
         _check_masked_m_values(op, masked_m, max_m)
-    call = bind(M_GROUPED_BF16_MASKED, {}, [a, b, d, masked_m])
-    call.run(a=a, b=b, d=d, masked_m=masked_m, expected_m=expected_m)
+    run(M_GROUPED_BF16_MASKED, MaskedGroupedInputs(a, b, d, masked_m, expected_m))

@@ -20,10 +20,13 @@ from typing import Any
 import attrs
 import torch
 
-from .contract import OpContract, Tolerance, bind, checks_values, public_op, register_contract
+from .checks import check_bool, check_device, check_int, check_tensor, is_int
+from .contract import OpContract, Tolerance, checks_values, public_op, register_contract
+from .dispatch import run, selection_for
 from .errors import ContractError, format_problem
 from .layouts.constants import KV_FP8_BYTES_PER_TOKEN, KV_HEAD_DIM, KV_LATENT_DIM
 from .layouts.kv_cache import dequantize_fp8_kv_cache
+from .providers import Inputs
 from .tensors import describe
 
 #: V channels: the 512 latent channels of K
@@ -142,22 +145,69 @@ def mla_metadata_reference(cache_seqlens: torch.Tensor) -> tuple[tuple[torch.Ten
     return (), torch.arange(cache_seqlens.shape[0] + 1, dtype=torch.int32, device=cache_seqlens.device)
 
 
-def get_mla_metadata_kernel(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache,
-                            topk) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+@attrs.frozen
+class MlaMetadataInputs(Inputs):
+    """One get_mla_metadata call (validated). A provider returns (scheduling tensors tuple, num_splits)."""
+
+    cache_seqlens: torch.Tensor
+    num_q_tokens_per_head_k: int
+    num_heads_k: int
+    num_heads_q: int | None
+    is_fp8_kvcache: bool
+    topk: int | None
+    device_field = "cache_seqlens"
+
+    def dims(self) -> dict[str, int]:
+        return {"b": self.cache_seqlens.shape[0], "s_q_h": self.num_q_tokens_per_head_k, "h_kv": self.num_heads_k}
+
+
+@attrs.frozen
+class MlaDecodeInputs(Inputs):
+    """One flash_mla_with_kvcache call (validated, outputs allocated): q bf16 [b, s_q, h_q, d];
+    k_cache bf16 [blocks, block_size, h_kv, d] or uint8 [blocks, block_size, 1, 656]; block_table,
+    cache_seqlens (None allowed with indices); indices None or int32 [b, s_q, topk];
+    tile_scheduler_metadata: the MlaMetadata of this backend (its `.tensors` are the backend's own);
+    num_splits: its num_splits; out bf16 [b, s_q, h_q, 512] and lse fp32 [b, h_q, s_q] to write."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    block_table: torch.Tensor | None
+    cache_seqlens: torch.Tensor | None
+    head_dim_v: int
+    softmax_scale: float
+    causal: bool
+    is_fp8_kvcache: bool
+    indices: torch.Tensor | None
+    tile_scheduler_metadata: Any
+    num_splits: torch.Tensor | None
+    out: torch.Tensor
+    lse: torch.Tensor
+    device_field = "q"
+
+    def dims(self) -> dict[str, int]:
+        b, s_q, h_q, d = self.q.shape
+        dims = {"b": b, "s_q": s_q, "h_q": h_q, "d": d, "h_kv": self.k_cache.shape[2],
+                "block_size": self.k_cache.shape[1]}
+        if self.indices is not None:
+            dims["topk"] = self.indices.shape[-1]
+        return dims
+
+
+def get_mla_metadata_kernel(call: MlaMetadataInputs) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """Reference kernel of get_mla_metadata: no tile scheduler (mla_metadata_reference)."""
-    return mla_metadata_reference(cache_seqlens)
+    return mla_metadata_reference(call.cache_seqlens)
 
 
-def flash_mla_with_kvcache_kernel(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal,
-                                  is_fp8_kvcache, indices, tile_scheduler_metadata, num_splits, out, lse) -> None:
+def flash_mla_with_kvcache_kernel(call: MlaDecodeInputs) -> None:
     """Reference kernel of flash_mla_with_kvcache: the contract math in fp32, written into out and lse
     (the scheduling arguments are unused)."""
-    if out.numel() == 0:
+    if call.out.numel() == 0:
         return
-    o, s = mla_decode_reference(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal,
-                                is_fp8_kvcache, indices, dtype=torch.float32)
-    out.copy_(o)
-    lse.copy_(s)
+    o, s = mla_decode_reference(call.q, call.k_cache, call.block_table, call.cache_seqlens, call.head_dim_v,
+                                call.softmax_scale, call.causal, call.is_fp8_kvcache, call.indices,
+                                dtype=torch.float32)
+    call.out.copy_(o)
+    call.lse.copy_(s)
 
 
 GET_MLA_METADATA = register_contract(OpContract(
@@ -191,36 +241,16 @@ class MlaMetadata:
     tensors: tuple[torch.Tensor, ...] = ()
     num_splits: torch.Tensor | None = None
 
+    @property
+    def signature(self) -> tuple:
+        """What run-time selection keys on: the backend that computed it."""
+        return ("mla-metadata", self.backend)
+
 
 # -- validation --------------------------------------------------------------------------------------
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_bool(op: str, arg: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ContractError(format_problem(op, arg, describe(value), "a bool", f"pass {arg}=True or {arg}=False"))
-
-
-def _check_positive_int(op: str, arg: str, value: Any, fix: str) -> None:
-    if not _is_int(value) or value < 1:
-        raise ContractError(format_problem(op, arg, describe(value), "a positive int", fix))
-
-
-def _check_tensor(op: str, arg: str, value: Any, dtype: torch.dtype, dims: int, fix: str) -> None:
-    if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.dim() != dims:
-        raise ContractError(format_problem(op, arg, describe(value), f"a {dims}-D {dtype} tensor", fix))
-
-
-def _check_device(op: str, arg: str, value: torch.Tensor | None, device: torch.device) -> None:
-    if value is not None and value.device != device:
-        raise ContractError(format_problem(op, arg, f"on {value.device}", f"on {device} like q",
-                                           f"move {arg} to q's device"))
-
-
 def _check_cache_seqlens(op: str, cache_seqlens: Any, batch: int | None) -> None:
-    _check_tensor(op, "cache_seqlens", cache_seqlens, INDEX_DTYPE, 1,
+    check_tensor(op, "cache_seqlens", cache_seqlens, (INDEX_DTYPE,), (None,), None,
                   "pass the number of cached tokens of each sequence as int32 [b]")
     if batch is not None and cache_seqlens.shape[0] != batch:
         raise ContractError(format_problem(op, "cache_seqlens", f"of shape {tuple(cache_seqlens.shape)}",
@@ -350,7 +380,7 @@ def _check_output(op: str, arg: str, value: Any, dtype: torch.dtype, shape: tupl
     if not value.is_contiguous():
         raise ContractError(format_problem(op, arg, f"non-contiguous (strides {value.stride()})", "contiguous",
                                            "pass a contiguous buffer"))
-    _check_device(op, arg, value, device)
+    check_device(op, arg, value, device, like="q")
 
 
 # -- public ops ---------------------------------------------------------------------------------------
@@ -368,11 +398,11 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
     """
     op = GET_MLA_METADATA.name
     _check_cache_seqlens(op, cache_seqlens, None)
-    _check_positive_int(op, "num_q_tokens_per_head_k", num_q_tokens_per_head_k, "pass s_q * h_q // h_kv")
-    _check_positive_int(op, "num_heads_k", num_heads_k, "pass the cache's KV heads (1 for MLA)")
-    _check_bool(op, "is_fp8_kvcache", is_fp8_kvcache)
+    check_int(op, "num_q_tokens_per_head_k", num_q_tokens_per_head_k, 1, fix="pass s_q * h_q // h_kv")
+    check_int(op, "num_heads_k", num_heads_k, 1, fix="pass the cache's KV heads (1 for MLA)")
+    check_bool(op, "is_fp8_kvcache", is_fp8_kvcache)
     if num_heads_q is not None:
-        _check_positive_int(op, "num_heads_q", num_heads_q, "pass q's heads or None")
+        check_int(op, "num_heads_q", num_heads_q, 1, fix="pass q's heads or None")
         if num_heads_q % num_heads_k or num_q_tokens_per_head_k % (num_heads_q // num_heads_k):
             raise ContractError(format_problem(
                 op, "num_heads_q", f"{num_heads_q} with num_heads_k={num_heads_k} and "
@@ -380,17 +410,16 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
                 "a multiple of num_heads_k with num_q_tokens_per_head_k = s_q * num_heads_q // num_heads_k",
                 "pass h_q, h_kv and s_q * h_q // h_kv of the same call"))
     if topk is not None:
-        _check_positive_int(op, "topk", topk, "pass indices.shape[-1], or None for dense decode")
+        check_int(op, "topk", topk, 1, fix="pass indices.shape[-1], or None for dense decode")
         if num_heads_q is None or not is_fp8_kvcache:
             raise ContractError(format_problem(
                 op, "topk", f"{topk} with num_heads_q={num_heads_q}, is_fp8_kvcache={is_fp8_kvcache}",
                 "sparse decode: num_heads_q given and is_fp8_kvcache=True",
                 "pass num_heads_q=h_q and is_fp8_kvcache=True with topk"))
-    call = bind(GET_MLA_METADATA, {}, [cache_seqlens])
-    tensors, num_splits = call.run(cache_seqlens=cache_seqlens, num_q_tokens_per_head_k=num_q_tokens_per_head_k,
-                                   num_heads_k=num_heads_k, num_heads_q=num_heads_q, is_fp8_kvcache=is_fp8_kvcache,
-                                   topk=topk)
-    meta = MlaMetadata(call.backend, int(cache_seqlens.shape[0]), num_q_tokens_per_head_k, num_heads_k, num_heads_q,
+    inputs = MlaMetadataInputs(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache, topk)
+    backend = selection_for(GET_MLA_METADATA, inputs).backend.name
+    tensors, num_splits = run(GET_MLA_METADATA, inputs)
+    meta = MlaMetadata(backend, int(cache_seqlens.shape[0]), num_q_tokens_per_head_k, num_heads_k, num_heads_q,
                        is_fp8_kvcache, topk, tuple(tensors), num_splits)
     return meta, num_splits
 
@@ -428,9 +457,9 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                                            f"a bf16 [b, s_q, h_q, d] tensor with d in {QK_HEAD_DIMS}",
                                            "pass q as bf16 [b, s_q, h_q, 576] (or 512)"))
     b, s_q, h_q, d = q.shape
-    _check_bool(op, "is_fp8_kvcache", is_fp8_kvcache)
-    _check_bool(op, "causal", causal)
-    if not _is_int(head_dim_v) or head_dim_v != HEAD_DIM_V:
+    check_bool(op, "is_fp8_kvcache", is_fp8_kvcache)
+    check_bool(op, "causal", causal)
+    if not is_int(head_dim_v) or head_dim_v != HEAD_DIM_V:
         raise ContractError(format_problem(op, "head_dim_v", describe(head_dim_v), HEAD_DIM_V,
                                            f"pass head_dim_v={HEAD_DIM_V} (V is K's latent part)"))
     _check_cache(op, q, k_cache, is_fp8_kvcache)
@@ -441,7 +470,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             raise ContractError(format_problem(op, arg, "None", "a tensor for dense decode",
                                                f"pass {arg}, or indices for sparse decode"))
     if block_table is not None:
-        _check_tensor(op, "block_table", block_table, INDEX_DTYPE, 2, "pass block indices as int32 [b, max_blocks]")
+        check_tensor(op, "block_table", block_table, (INDEX_DTYPE,), (None, None), None,
+                     "pass block indices as int32 [b, max_blocks]")
         if block_table.shape[0] != b:
             raise ContractError(format_problem(op, "block_table", f"of shape {tuple(block_table.shape)}",
                                                f"[b, max_blocks] with b = {b} like q", "pass one row per sequence"))
@@ -455,7 +485,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                                            f"pass e.g. {d ** -0.5:.6g} (d ** -0.5, the default)"))
     for arg, value in (("k_cache", k_cache), ("block_table", block_table), ("cache_seqlens", cache_seqlens),
                        ("indices", indices if isinstance(indices, torch.Tensor) else None)):
-        _check_device(op, arg, value, q.device)
+        check_device(op, arg, value, q.device, like="q")
     if dense:
         _check_dense_paging(op, k_cache, block_table, cache_seqlens)
     else:
@@ -464,16 +494,16 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     meta = _check_metadata(op, tile_scheduler_metadata, num_splits, b, s_q, h_q, h_kv, is_fp8_kvcache, topk)
     _check_output(op, "out", out, OUT_DTYPE, (b, s_q, h_q, HEAD_DIM_V), q.device)
     _check_output(op, "lse", lse, LSE_DTYPE, (b, h_q, s_q), q.device)
-    call = bind(FLASH_MLA_WITH_KVCACHE, {}, [q, k_cache, block_table, cache_seqlens, indices, out, lse])
-    if meta.backend != call.backend:
-        raise ContractError(format_problem(op, "tile_scheduler_metadata", f"computed by backend {meta.backend!r}",
-                                           f"metadata of backend {call.backend!r}, which runs this call",
-                                           "call get_mla_metadata under the same backend (and device) as the decode"))
     if out is None:
         out = torch.empty(b, s_q, h_q, HEAD_DIM_V, dtype=OUT_DTYPE, device=q.device)
     if lse is None:
         lse = torch.empty(b, h_q, s_q, dtype=LSE_DTYPE, device=q.device)
-    call.run(q=q, k_cache=k_cache, block_table=block_table, cache_seqlens=cache_seqlens, head_dim_v=head_dim_v,
-             softmax_scale=float(softmax_scale), causal=causal, is_fp8_kvcache=is_fp8_kvcache, indices=indices,
-             tile_scheduler_metadata=meta.tensors, num_splits=meta.num_splits, out=out, lse=lse)
+    inputs = MlaDecodeInputs(q, k_cache, block_table, cache_seqlens, head_dim_v, float(softmax_scale), causal,
+                             is_fp8_kvcache, indices, meta, meta.num_splits, out, lse)
+    backend = selection_for(FLASH_MLA_WITH_KVCACHE, inputs).backend.name
+    if meta.backend != backend:
+        raise ContractError(format_problem(op, "tile_scheduler_metadata", f"computed by backend {meta.backend!r}",
+                                           f"metadata of backend {backend!r}, which runs this call",
+                                           "call get_mla_metadata under the same backend (and device) as the decode"))
+    run(FLASH_MLA_WITH_KVCACHE, inputs)
     return out, lse

@@ -1,4 +1,11 @@
-"""`prepare_inputs`: convert an op's arguments once, at ingest, into a backend's native bytes."""
+"""The conversion step: a logical operand into a backend's Format, once, at ingest.
+
+`prepare_inputs` converts an op's quantized arguments into the chosen backend's Formats and
+returns PreparedTensors. `to_backend` is the one place a QuantTensor becomes a PreparedTensor
+(also for quantizers' `prepare_for` and for the counted implicit conversions of raw tuples), and
+the one place a prepared operand is checked against what the backend wants. Providers never
+convert.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +14,57 @@ from typing import Any, Callable
 
 import torch
 
-from .contract import public_function, get_contract, quant_operand, to_backend
-from .errors import ContractError
-from .registry import select_backend
+from .contract import OpContract, get_contract, public_function, quant_operand
+from .conversions import note_implicit_conversion
+from .errors import ContractError, LayoutError
+from .formats import Format
+from .layouts.errors import LayoutConversionError
+from .layouts.ue8m0 import is_power_of_two
+from .registry import Backend, Selection, common_device, select_backend
 from .tensors import PreparedTensor, QuantTensor
+
+
+def backend_params(backend: Backend, options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The options a prepared operand records: those its backend declares, sorted."""
+    return tuple(sorted((k, v) for k, v in options.items() if k in backend.options))
+
+
+def encode_operand(op: str, arg: str, backend: Backend, fmt: Format, options: dict[str, Any],
+                   qt: QuantTensor) -> PreparedTensor:
+    """Convert `qt` into `fmt`'s bytes for `backend`; refuse conversions that would change the math."""
+    if qt.element not in fmt.elements:
+        raise LayoutError(f"{op}: argument '{arg}' holds {qt.element} data, but {backend.name}:{fmt.name} stores "
+                          f"{'/'.join(fmt.elements)}. Fix: quantize it to one of those element types.")
+    if fmt.requires_pow2 and not (qt.ue8m0 or is_power_of_two(qt.scale)):
+        raise LayoutError(
+            f"{op}: argument '{arg}' has scales that are not powers of two, but backend {backend.name!r} stores "
+            f"them as UE8M0 exponents ({fmt.name}); converting would change the math. Fix: quantize with "
+            f"use_ue8m0=True (e.g. per_token_cast_to_fp8(x, use_ue8m0=True)) so every scale is a power of two.")
+    try:
+        data, scale, storage_granularity = fmt.encode(qt)
+    except LayoutConversionError as exc:
+        raise LayoutError(f"{op}: argument '{arg}' cannot be stored as {backend.name}:{fmt.name}: {exc}") from exc
+    return PreparedTensor(data, scale, fmt, backend.name, tuple(qt.shape), tuple(qt.granularity),
+                          tuple(storage_granularity), qt.ue8m0 or fmt.requires_pow2, qt.element,
+                          backend_params(backend, options))
+
+
+def to_backend(contract: OpContract, arg: str, value: QuantTensor | PreparedTensor, selection: Selection,
+               implicit: bool) -> PreparedTensor:
+    """Bring one quantized operand into `selection`'s Format for it: a prepared operand is checked,
+    not converted; a logical one is converted (and, if `implicit`, counted and warned about once)."""
+    backend = selection.backend
+    want = backend.format_for(contract.name, contract.quant_arg(arg), selection.options)
+    if isinstance(value, PreparedTensor):
+        if value.backend != backend.name or value.format is not want:
+            raise LayoutError(
+                f"{contract.name}: argument '{arg}' is in layout {value.tag}, but backend {backend.name!r} needs "
+                f"{backend.name}:{want.name} here. Fix: prepare it for this backend and device with "
+                f"prepare_inputs({contract.name!r}, backend={backend.name!r}, {arg}=...).")
+        return value
+    if implicit:
+        note_implicit_conversion(contract.name, arg, backend.name, want.name)
+    return encode_operand(contract.name, arg, backend, want, dict(selection.options), value)
 
 
 def _move(value: Any, device: torch.device | None) -> Any:
@@ -26,17 +80,17 @@ def _move(value: Any, device: torch.device | None) -> Any:
 
 def prepare_inputs(op: str | Callable[..., Any], *, device: str | torch.device | None = None,
                    backend: str | None = None, arch: str | None = None, **tensors: Any) -> dict[str, Any]:
-    """Return the op's arguments with every quantized one converted into the chosen backend's layout.
+    """Return the op's arguments with every quantized one converted into the chosen backend's Format.
 
     op:      the op's name ("fp8_gemm_nt") or its public function (fp8_gemm_nt)
     device:  move the tensors there first (e.g. "cuda"); the backend follows from it
     backend: force a backend by name; on CPU tensors "nvidia"/"ascend" run in emulation
-    arch:    layout option for backends with several formats (nvidia: "sm90" or "sm100")
+    arch:    option for backends with several formats (nvidia: "sm90" or "sm100")
     tensors: the op's arguments by name; quantized ones may be QuantTensors or (data, scale) tuples
 
-    Returns a dict of the same names: quantized arguments become PreparedTensors tagged with
-    (backend, layout); the others are returned as given (moved to `device`). Converting scales
-    that are not powers of two into an exponent-only layout raises LayoutError.
+    Returns a dict of the same names: quantized arguments become PreparedTensors holding their
+    Format and backend; the others are returned as given (moved to `device`). Converting scales
+    that are not powers of two into an exponent-only Format raises LayoutError.
     """
     contract = get_contract(op)
     fn = public_function(contract)
@@ -55,9 +109,9 @@ def prepare_inputs(op: str | Callable[..., Any], *, device: str | torch.device |
             logical[name] = _move(quant_operand(contract, name, value), dev)
         else:
             plain[name] = _move(value, dev)
-    tags = {n: v.tag.backend for n, v in logical.items() if isinstance(v, PreparedTensor)}
+    tags = {n: (v.backend, v.params) for n, v in logical.items() if isinstance(v, PreparedTensor)}
     involved = [v.data for v in logical.values()] + [v for v in plain.values() if isinstance(v, torch.Tensor)]
-    selection = select_backend(contract.name, involved, tags, requested=backend,
+    selection = select_backend(contract.name, common_device(contract.name, involved), tags, requested=backend,
                                options={"arch": arch} if arch is not None else None)
     prepared = {n: to_backend(contract, n, v, selection, implicit=False) for n, v in logical.items()}
     return {**plain, **prepared}

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import attrs
 import torch
 import torch.nn.functional as F
 
-from .contract import (OpContract, QuantArg, Tolerance, bind, get_contract, public_op, quant_operand,
-                       register_contract, to_backend)
+from .checks import check_bool, check_int
+from .contract import OpContract, QuantArg, Tolerance, get_contract, public_op, quant_operand, register_contract
+from .dispatch import plan_for, run, selection_for
 from .errors import ContractError, format_problem
+from .formats import PLAIN, Format, as_quant
 from .layouts.constants import FP8_E4M3_MAX
 from .layouts.fp8_scales import fp8_scale_from_amax
-from .registry import registry
+from .prepare import backend_params, to_backend
+from .providers import Inputs
 from .tensors import FP8_DTYPE, PreparedTensor, QuantTensor, cdiv, describe
 
 FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -54,15 +58,50 @@ def dequantize_reference(qt: QuantTensor) -> torch.Tensor:
     return values * expand_scales(qt.scale, qt.granularity, tuple(qt.shape))
 
 
+def dequantized(operand: PreparedTensor) -> torch.Tensor:
+    """fp32 values of an operand in the PLAIN format (what reference kernels read)."""
+    return dequantize_reference(QuantTensor(operand.data, operand.scale, operand.storage_granularity,
+                                            element=operand.element))
+
+
+@attrs.frozen
+class CastInputs(Inputs):
+    """One quantizer call (per_token_cast_to_fp8, per_block_cast_to_fp8, per_token_cast_to_fp4).
+
+    x: bf16/fp16/fp32 [..., MN, K]; granularity: (gran_mn, gran_k); use_ue8m0: power-of-two scales
+    out_format: the Format the scales are returned in — PLAIN (fp32 row-major) unless the caller
+        asked for a consumer's bytes (prepare_for) and a provider emits them directly
+    A provider returns (data, scale storage of out_format).
+    """
+
+    x: torch.Tensor
+    granularity: tuple[int, int]
+    use_ue8m0: bool
+    out_format: Format = PLAIN
+    device_field = "x"
+
+    def dims(self) -> dict[str, int]:
+        return {"MN": self.x.shape[-2], "K": self.x.shape[-1]}
+
+
+def fp8_cast_kernel(call: CastInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference kernel of the FP8 quantizers: PLAIN output."""
+    return quantize_blocks_reference(call.x, call.granularity[0], call.granularity[1], call.use_ue8m0)
+
+
+#: what the quantizers' reference kernels emit: the PLAIN format only
+PLAIN_OUTPUT = {"out_format": (PLAIN,)}
+
 PER_TOKEN_CAST = register_contract(OpContract(
     "per_token_cast_to_fp8", quantize_blocks_reference, Tolerance(dequantized=0.0, unquantized=1e-3),
-    kernel=quantize_blocks_reference))
+    kernel=fp8_cast_kernel, kernel_formats=PLAIN_OUTPUT))
 PER_BLOCK_CAST = register_contract(OpContract(
     "per_block_cast_to_fp8", quantize_blocks_reference, Tolerance(dequantized=0.0, unquantized=1e-3),
-    kernel=quantize_blocks_reference))
+    kernel=fp8_cast_kernel, kernel_formats=PLAIN_OUTPUT))
 
 
-def _check_float_input(op: str, x: Any, min_dim: int, max_dim: int) -> None:
+def check_float_input(op: str, x: Any, min_dim: int, max_dim: int) -> None:
+    """x: a bf16/fp16/fp32 tensor with min_dim..max_dim dims."""
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_INPUT_DTYPES:
         raise ContractError(format_problem(op, "x", describe(x), f"a tensor of dtype {FLOAT_INPUT_DTYPES}",
                                            "pass bf16/fp16/fp32 values"))
@@ -71,25 +110,46 @@ def _check_float_input(op: str, x: Any, min_dim: int, max_dim: int) -> None:
                                            f"{min_dim} to {max_dim} dims", "reshape to [..., rows, K]"))
 
 
-def _check_positive_int(op: str, arg: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ContractError(format_problem(op, arg, repr(value), "a positive int", "pass e.g. 128"))
+def consumer(prepare_for: str | Callable[..., Any] | None, arg: str) -> OpContract | None:
+    """The contract of the op that will consume a quantizer's result (checked before anything runs)."""
+    if prepare_for is None:
+        return None
+    target = get_contract(prepare_for)
+    target.quant_arg(arg)
+    return target
+
+
+def quantized_result(contract: OpContract, make: Callable[[Format], Inputs], shape: tuple[int, ...],
+                     granularity: tuple[int, int], ue8m0: bool, element: str, target: OpContract | None,
+                     arg: str) -> QuantTensor | PreparedTensor:
+    """Run a quantizer. Without a consumer: a QuantTensor. With one (`prepare_for`): a PreparedTensor
+    in the Format the selected backend stores the consumer's argument in — emitted directly when a
+    provider writes that Format, else quantized to PLAIN and converted (never counted as implicit)."""
+    inputs = make(PLAIN)
+    if target is None:
+        data, scale = run(contract, inputs)
+        return QuantTensor(data, scale, granularity, ue8m0=ue8m0, element=element)
+    selection = selection_for(contract, inputs)
+    backend = selection.backend
+    fmt = backend.format_for(target.name, target.quant_arg(arg), selection.options)
+    if fmt is not PLAIN and (ue8m0 or not fmt.requires_pow2):
+        direct = make(fmt)
+        plan = plan_for(contract, direct)
+        if plan.accepts(direct):
+            data, scale = run(contract, direct)
+            return PreparedTensor(data, scale, fmt, backend.name, shape, granularity, fmt.storage_granularity(granularity),
+                                  ue8m0 or fmt.requires_pow2, element, backend_params(backend, dict(selection.options)))
+    data, scale = run(contract, inputs)
+    return to_backend(target, arg, QuantTensor(data, scale, granularity, ue8m0=ue8m0, element=element), selection,
+                      implicit=False)
 
 
 def _cast(contract: OpContract, x: torch.Tensor, granularity: tuple[int, int], use_ue8m0: bool,
           prepare_for: str | Callable[..., Any] | None, arg: str) -> QuantTensor | PreparedTensor:
-    if not isinstance(use_ue8m0, bool):
-        raise ContractError(format_problem(contract.name, "use_ue8m0", repr(use_ue8m0), "a bool", "pass True or False"))
-    target = None
-    if prepare_for is not None:
-        target = get_contract(prepare_for)
-        target.quant_arg(arg)
-    call = bind(contract, {}, [x])
-    data, scale = call.run(x=x, gran_mn=granularity[0], gran_k=granularity[1], use_ue8m0=use_ue8m0)
-    qt = QuantTensor(data, scale, granularity, ue8m0=use_ue8m0)
-    if target is None:
-        return qt
-    return to_backend(target, arg, qt, call.selection, implicit=False)
+    check_bool(contract.name, "use_ue8m0", use_ue8m0)
+    target = consumer(prepare_for, arg)
+    return quantized_result(contract, lambda fmt: CastInputs(x, granularity, use_ue8m0, fmt), tuple(x.shape),
+                            granularity, use_ue8m0, "e4m3", target, arg)
 
 
 @public_op(PER_TOKEN_CAST)
@@ -103,8 +163,8 @@ def per_token_cast_to_fp8(x: torch.Tensor, gran_k: int = 128, use_ue8m0: bool = 
     result is then a PreparedTensor already in the selected backend's bytes for that argument, so
     the op converts nothing.
     """
-    _check_float_input(PER_TOKEN_CAST.name, x, 2, 3)
-    _check_positive_int(PER_TOKEN_CAST.name, "gran_k", gran_k)
+    check_float_input(PER_TOKEN_CAST.name, x, 2, 3)
+    check_int(PER_TOKEN_CAST.name, "gran_k", gran_k, 1, fix="pass e.g. 128")
     return _cast(PER_TOKEN_CAST, x, (1, gran_k), use_ue8m0, prepare_for, arg)
 
 
@@ -115,20 +175,20 @@ def per_block_cast_to_fp8(x: torch.Tensor, block: tuple[int, int] = (128, 128), 
     """Quantize weights per block: x bf16/fp16/fp32 [(G,) N, K] -> QuantTensor(fp8 [(G,) N, K],
     fp32 [(G,) ceil(N/block[0]), ceil(K/block[1])]), granularity `block`. `prepare_for` as in
     per_token_cast_to_fp8 (default argument "b")."""
-    _check_float_input(PER_BLOCK_CAST.name, x, 2, 3)
+    check_float_input(PER_BLOCK_CAST.name, x, 2, 3)
     if not (isinstance(block, (tuple, list)) and len(block) == 2):
         raise ContractError(format_problem(PER_BLOCK_CAST.name, "block", repr(block), "a pair (gran_n, gran_k)",
                                            "pass e.g. (128, 128)"))
-    _check_positive_int(PER_BLOCK_CAST.name, "block[0]", block[0])
-    _check_positive_int(PER_BLOCK_CAST.name, "block[1]", block[1])
+    check_int(PER_BLOCK_CAST.name, "block[0]", block[0], 1, fix="pass e.g. (128, 128)")
+    check_int(PER_BLOCK_CAST.name, "block[1]", block[1], 1, fix="pass e.g. (128, 128)")
     return _cast(PER_BLOCK_CAST, x, (int(block[0]), int(block[1])), use_ue8m0, prepare_for, arg)
 
 
 def dequantize(q: QuantTensor | PreparedTensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """fp32 values of a quantized tensor in any form: QuantTensor, a raw (data, scale) tuple, or a
-    PreparedTensor in any registered backend's bytes (decoded by that backend's layout)."""
+    PreparedTensor in any Format (decoded by its Format)."""
     if isinstance(q, PreparedTensor):
-        q = registry().backend(q.tag.backend).decode(q)
+        q = as_quant(q)
     elif not isinstance(q, QuantTensor):
         q = quant_operand(_DEQUANT_VIEW, "q", q)
     return dequantize_reference(q)

@@ -11,12 +11,13 @@ from typing import Any, Iterator
 import attrs
 import torch
 
-from .errors import ContractError
+from .errors import ContractError, LayoutError
+from .layouts.format import ELEMENTS, Format, format_named
 
 FP8_DTYPE = torch.float8_e4m3fn
 
 #: element formats a QuantTensor can carry; "e2m1" data is packed two codes per byte along K.
-ELEMENT_FORMATS = ("e4m3", "e2m1")
+ELEMENT_FORMATS = ELEMENTS
 
 
 def describe(x: object) -> str:
@@ -32,7 +33,10 @@ def describe(x: object) -> str:
 
 @attrs.frozen
 class LayoutTag:
-    """Names a byte layout: which backend reads it, the format's name, and its parameters."""
+    """A prepared operand's readable name: which backend reads it, its Format's name, its options.
+
+    For printing and messages only; the PreparedTensor holds the Format itself.
+    """
 
     backend: str
     format: str
@@ -68,6 +72,8 @@ class QuantTensor:
     granularity: tuple[int, int]
     ue8m0: bool = False
     element: str = "e4m3"
+    #: what run-time selection keys on (an unprepared operand is converted in the call)
+    signature: tuple = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.element not in ELEMENT_FORMATS:
@@ -89,6 +95,8 @@ class QuantTensor:
                                 f"of logical shape {tuple(self.shape)} and granularity {self.granularity}.")
         if self.scale.device != self.data.device:
             raise ContractError(f"QuantTensor: scale is on {self.scale.device} but data on {self.data.device}.")
+        object.__setattr__(self, "granularity", (int(gm), int(gk)))
+        object.__setattr__(self, "signature", ("quant", self.granularity, self.ue8m0, self.element, self.data.device))
 
     @staticmethod
     def scale_shape_for(shape: tuple[int, ...], granularity: tuple[int, int]) -> tuple[int, ...]:
@@ -117,35 +125,52 @@ class QuantTensor:
 
 @attrs.frozen(eq=False, repr=False)
 class PreparedTensor:
-    """A quantized (or plain) operand in one backend's native bytes.
+    """A quantized operand in one backend's native bytes: what prepare_inputs returns and what
+    providers receive.
 
-    data:  the element bytes as the backend stores them
-    scale: the backend's scale storage (any dtype, shape and strides its format defines), or None
-    tag:   the layout, e.g. nvidia:sm90-fp32-mn-major-tma
-    shape: the logical element shape of the operand, [..., MN, K]
-    granularity, ue8m0, element: as in the QuantTensor it came from (the math's identity); the
-                 granularity the scale storage carries (after exact replication) is `storage_granularity`
+    data:   the element bytes as `format` stores them (fp8 e4m3, or E2M1 codes two per byte, maybe tiled)
+    scale:  the format's scale storage (any dtype, shape and strides the format defines)
+    format: the byte Format (portable_kernels.formats), one object per format
+    backend: the backend that reads it; params: that backend's options it was prepared under
+            (e.g. (("arch", "sm100"),))
+    shape:  the logical element shape [..., MN, K] (K counts elements, also for packed e2m1)
+    granularity: the math's block granularity (as quantized, e.g. (128, 128));
+    storage_granularity: what the scale storage carries (e.g. (1, 128) once broadcast per row)
+    ue8m0, element: as in the QuantTensor it came from
+
+    `signature` (computed once) is what run-time selection keys on: backend, format, options,
+    element, data dtype and device.
     """
 
     data: torch.Tensor
     scale: torch.Tensor | None
-    tag: LayoutTag
+    format: Format
+    backend: str
     shape: tuple[int, ...]
-    granularity: tuple[int, int] | None = None
+    granularity: tuple[int, int]
+    storage_granularity: tuple[int, int]
     ue8m0: bool = False
     element: str = "e4m3"
+    params: tuple[tuple[str, Any], ...] = ()
+    signature: tuple = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "signature", ("prepared", self.backend, self.format.name, self.params, self.element,
+                                               self.data.dtype, self.data.device))
 
     @property
-    def backend(self) -> str:
-        return self.tag.backend
-
-    @property
-    def storage_granularity(self) -> tuple[int, int] | None:
-        return self.tag.param("granularity", self.granularity)
+    def tag(self) -> LayoutTag:
+        return LayoutTag(self.backend, self.format.name, self.params)
 
     @property
     def device(self) -> torch.device:
         return self.data.device
+
+    def __reduce__(self):
+        # by the Format's name, so a pickled operand needs only the package that defines its format
+        return _rebuild_prepared, (self.data, self.scale, self.format.name, self.backend, tuple(self.shape),
+                                   tuple(self.granularity), tuple(self.storage_granularity), self.ue8m0, self.element,
+                                   self.params)
 
     def __repr__(self) -> str:
         scale = "none" if self.scale is None else (
@@ -153,3 +178,11 @@ class PreparedTensor:
         return (f"PreparedTensor({self.tag}, logical {self.element} {tuple(self.shape)}, "
                 f"data {self.data.dtype} {tuple(self.data.shape)}, scale {scale}, device={self.device})")
 
+
+def _rebuild_prepared(data, scale, format_name, backend, shape, granularity, storage_granularity, ue8m0, element,
+                      params) -> PreparedTensor:
+    try:
+        fmt = format_named(format_name)
+    except KeyError as exc:
+        raise LayoutError(f"cannot load a PreparedTensor: {exc.args[0]}") from None
+    return PreparedTensor(data, scale, fmt, backend, shape, granularity, storage_granularity, ue8m0, element, params)

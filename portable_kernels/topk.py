@@ -15,10 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 
-from .contract import OpContract, Tolerance, bind, checks_values, public_op, register_contract
+from .checks import check_bool
+from .contract import OpContract, Tolerance, checks_values, public_op, register_contract
+from .dispatch import run
 from .errors import ContractError, format_problem
+from .providers import Inputs
 from .tensors import describe
 
 INPUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -75,20 +79,34 @@ def topk_reference(input: torch.Tensor, topk: int, end: torch.Tensor | None = No
     return values, indices
 
 
-def topk_kernel(input: torch.Tensor, topk: int, end: torch.Tensor | None, sorted: bool, sorted_index: bool,
-                indices_type: torch.dtype, idx_oob_fill_value: int, value_oob_fill_value: float,
-                return_value: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Reference kernel of topk (the providers' keyword signature): returns (values | None, indices)."""
-    return topk_reference(input, topk, end, sorted, sorted_index, indices_type, idx_oob_fill_value,
-                          value_oob_fill_value, return_value)
+@attrs.frozen
+class TopkInputs(Inputs):
+    """One topk call (validated): input bf16/fp32 [b, n], topk in [1, 4096], end None or int32 [b];
+    flags and fills as in `topk`. A provider returns (values | None, indices)."""
+
+    input: torch.Tensor
+    topk: int
+    end: torch.Tensor | None
+    sorted: bool
+    sorted_index: bool
+    indices_type: torch.dtype
+    idx_oob_fill_value: int
+    value_oob_fill_value: float
+    return_value: bool
+    device_field = "input"
+
+    def dims(self) -> dict[str, int]:
+        b, n = self.input.shape
+        return {"b": b, "n": n, "topk": self.topk}
+
+
+def topk_kernel(call: TopkInputs) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Reference kernel of topk: returns (values | None, indices)."""
+    return topk_reference(call.input, call.topk, call.end, call.sorted, call.sorted_index, call.indices_type,
+                          call.idx_oob_fill_value, call.value_oob_fill_value, call.return_value)
 
 
 TOPK = register_contract(OpContract("topk", topk_reference, Tolerance(dequantized=0.0), kernel=topk_kernel))
-
-
-def _check_flag(op: str, arg: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ContractError(format_problem(op, arg, repr(value), "a bool", "pass True or False"))
 
 
 def _check_input(op: str, input: Any) -> None:
@@ -151,7 +169,7 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: None = Non
         raise ContractError(format_problem(op, "topk", repr(topk), f"an int in [1, {MAX_TOPK}]",
                                            f"select at most {MAX_TOPK} elements per row (torch.topk for more)"))
     for arg, value in (("sorted", sorted), ("sorted_index", sorted_index), ("return_value", return_value)):
-        _check_flag(op, arg, value)
+        check_bool(op, arg, value)
     if sorted and sorted_index:
         raise ContractError(format_problem(op, "sorted_index", "True together with sorted=True",
                                            "at most one of sorted (by value) and sorted_index (by index)",
@@ -172,7 +190,5 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: None = Non
                                            "pass e.g. float('-inf')"))
     _check_end(op, end, b, n, input.device)
     _check_no_nan(op, input, end)
-    call = bind(TOPK, {}, [input, end])
-    return call.run(input=input, topk=topk, end=end, sorted=sorted, sorted_index=sorted_index,
-                    indices_type=indices_type, idx_oob_fill_value=idx_oob_fill_value,
-                    value_oob_fill_value=float(value_oob_fill_value), return_value=return_value)
+    return run(TOPK, TopkInputs(input, topk, end, sorted, sorted_index, indices_type, idx_oob_fill_value,
+                                float(value_oob_fill_value), return_value))

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import pytest
-import torch
+from portable_kernels.layouts import ue8m0_exponents, ue8m0_to_fp32
 
 import portable_kernels as pk
+from portable_kernels.formats import Decoded, Encoded, Format
 from portable_kernels.gemm import gemm_reference
-from portable_kernels.layout import Layout
-from portable_kernels.layouts import ue8m0_exponents, ue8m0_to_fp32
-from portable_kernels.quantization import dequantize_reference, quantize_blocks_reference
+from portable_kernels.oracle import register_reference
+from portable_kernels.quantization import PER_BLOCK_CAST, PER_TOKEN_CAST, dequantized
 
 TEST_BACKEND = "testexp"
+
+
+def _encode(qt) -> Encoded:
+    return Encoded(qt.data.contiguous(), ue8m0_exponents(qt.scale), tuple(qt.granularity))
+
+
+def _decode(p) -> Decoded:
+    return Decoded(p.data, ue8m0_to_fp32(p.scale), tuple(p.storage_granularity))
+
+
+#: scales as UE8M0 exponent bytes (uint8), so non-power-of-two scales are refused
+EXPONENT_BYTES = Format("test-ue8m0-bytes", ("e4m3", "e2m1"), "uint8 exponents, row-major", "as quantized", True,
+                        _encode, _decode, lambda g: tuple(g))
 
 
 class ExponentBackend(pk.Backend):
@@ -23,23 +34,20 @@ class ExponentBackend(pk.Backend):
     device_types = ()
     emulation = True
 
-    def __init__(self) -> None:
-        def encode(qt: pk.QuantTensor):
-            return qt.data.contiguous(), ue8m0_exponents(qt.scale), qt.granularity
+    def format_for(self, op, arg, options):
+        return EXPONENT_BYTES
 
-        self.layout = Layout("ue8m0-bytes", encode, self.decode, requires_ue8m0=True)
-
-    def layout_for(self, op: str, arg: str, role: str, options: Mapping[str, Any]) -> Layout:
-        return self.layout
-
-    def decode(self, p: pk.PreparedTensor) -> pk.QuantTensor:
-        return pk.QuantTensor(p.data, ue8m0_to_fp32(p.scale), p.storage_granularity, True, p.element)
+    def formats(self):
+        return (EXPONENT_BYTES,)
 
 
-def _gemm(a, sfa, b, sfb, d, c, sfa_format, sfb_format, sfa_granularity, sfb_granularity):
-    da = dequantize_reference(pk.QuantTensor(a, ue8m0_to_fp32(sfa), sfa_granularity, True))
-    db = dequantize_reference(pk.QuantTensor(b, ue8m0_to_fp32(sfb), sfb_granularity, True))
-    d.copy_(gemm_reference(da, db, c))
+def _gemm(call) -> None:
+    a, b = call.a, call.b
+    da = dequantized(pk.PreparedTensor(a.data, ue8m0_to_fp32(a.scale), pk.PLAIN, a.backend, a.shape, a.granularity,
+                                       a.storage_granularity, True, a.element))
+    db = dequantized(pk.PreparedTensor(b.data, ue8m0_to_fp32(b.scale), pk.PLAIN, b.backend, b.shape, b.granularity,
+                                       b.storage_granularity, True, b.element))
+    call.d.copy_(gemm_reference(da, db, call.c))
 
 
 def _register_test_backend() -> None:
@@ -47,9 +55,10 @@ def _register_test_backend() -> None:
     if TEST_BACKEND in reg.backends():
         return
     reg.add_backend(ExponentBackend())
-    reg.kernel("fp8_gemm_nt", TEST_BACKEND, "decode-reference")(_gemm)
-    for op in ("per_token_cast_to_fp8", "per_block_cast_to_fp8"):
-        reg.kernel(op, TEST_BACKEND, "reference")(quantize_blocks_reference)
+    reg.kernel("fp8_gemm_nt", TEST_BACKEND, "decode-reference", formats={"a": (EXPONENT_BYTES,), "b": (EXPONENT_BYTES,)})(
+        _gemm)
+    for contract in (PER_TOKEN_CAST, PER_BLOCK_CAST):
+        register_reference(reg, TEST_BACKEND, contract)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,9 @@ def test_demo_results_are_within_contract():
 def test_doctor_lists_cpu_and_its_providers(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert "cpu: devices ['cpu']" in out and "fp8_gemm_nt: reference" in out
+    assert "cpu: devices ['cpu']" in out and "format fp32-row-major" in out
+    assert "fp8_gemm_nt:\n      reference (priority 0) — formats a: fp32-row-major; b: fp32-row-major" in out
+    assert "layout-reference (priority -100)" in out and "nvidia:" in out
 
 
 def test_conformance_cli_exit_code_reflects_the_report(capsys):

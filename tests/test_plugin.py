@@ -54,7 +54,7 @@ def test_plugin_is_discovered_and_passes_conformance_for_the_ops_it_provides(plu
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["emulation"] is True
     assert out["providers"] == ["fp8_gemm_nt", "per_block_cast_to_fp8", "per_token_cast_to_fp8"]
-    assert out["tag"].startswith("example:fp32-transposed") and out["scale_shape"] == [2, 1]
+    assert out["tag"].startswith("example:example-fp32-transposed") and out["scale_shape"] == [2, 1]
     assert out["gemm_ok"] and out["gemm_passed"] > 0 and out["quant_ok"]
     assert out["bf16_unsupported"] == out["bf16_cases"] > 0
 

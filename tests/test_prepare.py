@@ -103,9 +103,9 @@ def test_prepared_for_one_backend_called_on_another_names_both(exp_backend):
 def test_wrong_layout_tag_is_refused():
     a, b = _quantized(False)
     good = pk.prepare_inputs(pk.fp8_gemm_nt, b=b)["b"]
-    forged = pk.PreparedTensor(good.data, good.scale, pk.LayoutTag("cpu", "some-other-format"), good.shape,
-                               good.granularity)
-    with pytest.raises(pk.LayoutError, match="some-other-format"):
+    forged = pk.PreparedTensor(good.data, good.scale, pk.layouts.SM90, "cpu", good.shape, good.granularity,
+                               good.storage_granularity)
+    with pytest.raises(pk.LayoutError, match="cpu:sm90-fp32-mn-major-tma.*needs cpu:fp32-row-major"):
         pk.fp8_gemm_nt(a, forged, torch.empty(8, 32))
 
 

@@ -6,35 +6,48 @@ import pytest
 import torch
 
 import portable_kernels as pk
-from portable_kernels.registry import Registry, select_backend
+from portable_kernels.providers import Limit
+from portable_kernels.registry import Registry, common_device, select_backend
 from portable_kernels.testing.generators import randn
+from portable_kernels.topk import TopkInputs
+
+CPU = torch.device("cpu")
 
 
 def test_device_rule_picks_cpu_for_cpu_tensors():
-    sel = select_backend("fp8_gemm_nt", [torch.zeros(1)], {})
+    sel = select_backend("fp8_gemm_nt", CPU, {})
     assert sel.backend.name == "cpu" and not sel.explicit
 
 
 def test_prepared_tag_beats_device(exp_backend):
-    sel = select_backend("fp8_gemm_nt", [torch.zeros(1)], {"b": exp_backend})
+    sel = select_backend("fp8_gemm_nt", CPU, {"b": (exp_backend, ())})
     assert sel.backend.name == exp_backend and sel.explicit
 
 
-def test_use_backend_beats_device_and_passes_options(exp_backend):
-    with pk.use_backend(exp_backend, arch="x1"):
-        sel = select_backend("fp8_gemm_nt", [torch.zeros(1)], {})
-    assert sel.backend.name == exp_backend and sel.options["arch"] == "x1"
-    assert select_backend("fp8_gemm_nt", [torch.zeros(1)], {}).backend.name == "cpu"
+def test_use_backend_beats_device_and_passes_options():
+    with pk.use_backend("nvidia", arch="sm100"):
+        sel = select_backend("fp8_gemm_nt", CPU, {})
+    assert sel.backend.name == "nvidia" and sel.options["arch"] == "sm100"
+    assert select_backend("fp8_gemm_nt", CPU, {}).backend.name == "cpu"
+
+
+def test_use_backend_refuses_an_option_the_backend_does_not_declare():
+    with pytest.raises(pk.ContractError, match="no option 'archh'.*arch in"):
+        with pk.use_backend("nvidia", archh="sm100"):
+            pass
+    with pytest.raises(pk.ContractError, match="not one of"):
+        with pk.use_backend("nvidia", arch="sm_100"):
+            pass
 
 
 def test_use_backend_conflicting_with_prepared_tag_is_a_layout_error_naming_both(exp_backend):
     with pk.use_backend("cpu"), pytest.raises(pk.LayoutError, match=f"'{exp_backend}'.*'cpu'"):
-        select_backend("fp8_gemm_nt", [torch.zeros(1)], {"b": exp_backend})
+        select_backend("fp8_gemm_nt", CPU, {"b": (exp_backend, ())})
 
 
 def test_arguments_prepared_for_two_backends_are_refused(exp_backend):
     with pytest.raises(pk.LayoutError, match="different backends"):
-        select_backend("fp8_gemm_nt", [torch.zeros(1)], {"a": "cpu", "b": exp_backend})
+        select_backend("fp8_gemm_nt", CPU, {"a": ("cpu", ()), "b": (exp_backend, ())})
 
 
 def test_unknown_backend_name_is_backend_unavailable():
@@ -48,12 +61,12 @@ def test_emulation_backend_refuses_cpu_tensors_unless_chosen_explicitly(exp_back
     assert backend.emulation and "cpu" not in backend.device_types
     # chosen by device, cpu goes to the cpu backend; chosen explicitly, emulation is allowed
     with pk.use_backend(exp_backend):
-        assert select_backend("op", [torch.zeros(1)], {}).backend.name == exp_backend
+        assert select_backend("topk", CPU, {}).backend.name == exp_backend
 
 
 def test_tensors_on_different_devices_are_a_contract_error():
     with pytest.raises(pk.ContractError, match="different devices"):
-        select_backend("op", [torch.zeros(1), torch.zeros(1, device="meta")], {})
+        common_device("op", [torch.zeros(1), torch.zeros(1, device="meta")])
 
 
 class _Toy(pk.Backend):
@@ -68,23 +81,47 @@ def _toy_registry() -> Registry:
     return reg
 
 
+def _topk_inputs(n: int) -> TopkInputs:
+    return TopkInputs(randn(1, n, seed=3), 1, None, False, False, torch.int64, 0, 0.0, True)
+
+
 def test_providers_are_tried_by_priority_and_first_supporting_wins():
     reg = _toy_registry()
-    reg.kernel("op", "toy", "slow", priority=0)(lambda n: "slow")
-    reg.kernel("op", "toy", "fast", priority=10, supports=lambda n: None if n < 4 else "n must be < 4")(
-        lambda n: "fast")
-    assert reg.select_provider("op", "toy", {"n": 2}).name == "fast"
-    assert reg.select_provider("op", "toy", {"n": 9}).name == "slow"
+    reg.kernel("topk", "toy", "slow", priority=0)(lambda call: "slow")
+    reg.kernel("topk", "toy", "fast", priority=10, limits=[Limit("n", max=4)])(lambda call: "fast")
+    assert reg.select_provider("topk", "toy", _topk_inputs(2)).name == "fast"
+    assert reg.select_provider("topk", "toy", _topk_inputs(9)).name == "slow"
 
 
-def test_no_kernel_error_lists_every_provider_and_reason():
+def test_no_kernel_error_lists_every_provider_and_every_reason():
     reg = _toy_registry()
-    reg.kernel("op", "toy", "a", supports=lambda n: "a wants even n")(lambda n: None)
-    reg.kernel("op", "toy", "b", supports=lambda n: "b needs a GPU")(lambda n: None)
+    reg.kernel("topk", "toy", "a", check=lambda call: ["a wants even n"], limits=[Limit("n", multiple_of=2)])(
+        lambda call: None)
+    reg.kernel("topk", "toy", "b", devices=("cuda",))(lambda call: None)
     with pytest.raises(pk.NoKernelError) as info:
-        reg.select_provider("op", "toy", {"n": 1})
-    assert info.value.reasons == {"a": "a wants even n", "b": "b needs a GPU"}
-    assert "a wants even n" in str(info.value) and "b needs a GPU" in str(info.value)
+        reg.select_provider("topk", "toy", _topk_inputs(3))
+    assert info.value.reasons == {"a": ["n = 3 is not a multiple of 2", "a wants even n"],
+                                  "b": ["runs on cuda tensors, not cpu"]}
+    assert "a wants even n" in str(info.value) and "runs on cuda tensors" in str(info.value)
+
+
+def test_an_exception_inside_a_check_is_a_reason_not_a_crash():
+    reg = _toy_registry()
+
+    def broken(call):
+        raise KeyError("oops")
+
+    reg.kernel("topk", "toy", "broken", priority=5, check=broken)(lambda call: "broken")
+    reg.kernel("topk", "toy", "fine")(lambda call: "fine")
+    assert reg.select_provider("topk", "toy", _topk_inputs(4)).name == "fine"
+    reasons = reg.providers("topk", "toy")[0].not_supported_reasons(_topk_inputs(4))
+    assert reasons == ["its support check raised KeyError: 'oops'"]
+
+
+def test_registering_a_provider_for_an_unknown_op_is_refused():
+    reg = _toy_registry()
+    with pytest.raises(ValueError, match="no op named 'tpok'"):
+        reg.kernel("tpok", "toy", "native")(lambda call: None)
 
 
 def test_a_broken_plugin_is_reported_not_raised():
@@ -101,9 +138,9 @@ def test_duplicate_backend_or_provider_is_refused():
     reg = _toy_registry()
     with pytest.raises(ValueError):
         reg.add_backend(_Toy())
-    reg.kernel("op", "toy", "p")(lambda: None)
-    with pytest.raises(ValueError):
-        reg.kernel("op", "toy", "p")(lambda: None)
+    reg.kernel("topk", "toy", "p")(lambda call: None)
+    with pytest.raises(ValueError, match="already registered"):
+        reg.kernel("topk", "toy", "p")(lambda call: None)
 
 
 def test_available_backends_reports_devices_providers_and_availability():

@@ -1,19 +1,17 @@
 """CPU backend: the embedded default and the reference every other backend is checked against.
 
-Its layout is the logical one (fp32 row-major scales), so preparing for it copies nothing. Each op
-family's providers live in their own module with a `register(registry)` function; every such
-module in this package is registered (one module per op family, no central list to edit).
+It stores quantized operands in the PLAIN Format (the logical one: fp32 row-major scales), so
+preparing for it copies nothing. Each op family's providers live in their own module with a
+`register(registry)` function; every such module in this package is registered (one module per
+op family, no central list to edit).
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, Mapping
 
-from portable_kernels.layout import Layout, plain_layout
 from portable_kernels.registry import Backend, Registry
-from portable_kernels.tensors import PreparedTensor, QuantTensor
 
 from ._names import BACKEND
 
@@ -21,15 +19,6 @@ from ._names import BACKEND
 class CpuBackend(Backend):
     name = BACKEND
     device_types = ("cpu",)
-
-    def __init__(self) -> None:
-        self._layout = plain_layout(self.name)
-
-    def layout_for(self, op: str, arg: str, role: str, options: Mapping[str, Any]) -> Layout:
-        return self._layout
-
-    def decode(self, prepared: PreparedTensor) -> QuantTensor:
-        return self._layout.decode(prepared)
 
 
 def register(registry: Registry) -> None:

@@ -1,4 +1,3 @@
 """Names shared by the cpu backend's modules."""
 
 BACKEND = "cpu"
-REFERENCE = "reference"

@@ -4,11 +4,12 @@ reference kernels (cpu layout: fp32 row-major scales, packed E2M1 bytes as they 
 from __future__ import annotations
 
 from portable_kernels.fp4 import FP8_FP4_GEMM_NT, PER_TOKEN_CAST_FP4, SWIGLU_CAST
+from portable_kernels.oracle import register_reference
 from portable_kernels.registry import Registry
 
-from ._names import BACKEND, REFERENCE
+from ._names import BACKEND
 
 
 def register(registry: Registry) -> None:
     for contract in (PER_TOKEN_CAST_FP4, FP8_FP4_GEMM_NT, SWIGLU_CAST):
-        registry.kernel(contract.name, BACKEND, REFERENCE)(contract.kernel)
+        register_reference(registry, BACKEND, contract)

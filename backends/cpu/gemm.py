@@ -4,11 +4,12 @@ is the logical one, fp32 row-major scales, so they read its bytes directly)."""
 from __future__ import annotations
 
 from portable_kernels.gemm import BF16_GEMM_NT, FP8_GEMM_NT
+from portable_kernels.oracle import register_reference
 from portable_kernels.registry import Registry
 
-from ._names import BACKEND, REFERENCE
+from ._names import BACKEND
 
 
 def register(registry: Registry) -> None:
     for contract in (FP8_GEMM_NT, BF16_GEMM_NT):
-        registry.kernel(contract.name, BACKEND, REFERENCE)(contract.kernel)
+        register_reference(registry, BACKEND, contract)

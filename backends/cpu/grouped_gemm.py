@@ -3,14 +3,15 @@ layout is the logical one), which write only the valid rows of d."""
 
 from __future__ import annotations
 
-from portable_kernels.grouped_gemm import (M_GROUPED_BF16_CONTIGUOUS, M_GROUPED_BF16_MASKED,
-                                           M_GROUPED_FP8_CONTIGUOUS, M_GROUPED_FP8_MASKED)
+from portable_kernels.grouped_gemm import (M_GROUPED_BF16_CONTIGUOUS, M_GROUPED_BF16_MASKED, M_GROUPED_FP8_CONTIGUOUS,
+                                           M_GROUPED_FP8_MASKED)
+from portable_kernels.oracle import register_reference
 from portable_kernels.registry import Registry
 
-from ._names import BACKEND, REFERENCE
+from ._names import BACKEND
 
 
 def register(registry: Registry) -> None:
     for contract in (M_GROUPED_FP8_CONTIGUOUS, M_GROUPED_FP8_MASKED, M_GROUPED_BF16_CONTIGUOUS,
                      M_GROUPED_BF16_MASKED):
-        registry.kernel(contract.name, BACKEND, REFERENCE)(contract.kernel)
+        register_reference(registry, BACKEND, contract)

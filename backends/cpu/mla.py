@@ -4,11 +4,12 @@ contract math in fp32; no tile scheduler, so the metadata is the trivial one).""
 from __future__ import annotations
 
 from portable_kernels.mla import FLASH_MLA_WITH_KVCACHE, GET_MLA_METADATA
+from portable_kernels.oracle import register_reference
 from portable_kernels.registry import Registry
 
-from ._names import BACKEND, REFERENCE
+from ._names import BACKEND
 
 
 def register(registry: Registry) -> None:
     for contract in (GET_MLA_METADATA, FLASH_MLA_WITH_KVCACHE):
-        registry.kernel(contract.name, BACKEND, REFERENCE)(contract.kernel)
+        register_reference(registry, BACKEND, contract)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from portable_kernels.moe_routing import (EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF, GET_FUSED_MAPPING,
                                           NORMALIZE_WEIGHT, REDUCE_FUSED, TOP2_SUM_GATE)
+from portable_kernels.oracle import register_reference
 from portable_kernels.registry import Registry
 
-from ._names import BACKEND, REFERENCE
+from ._names import BACKEND
 
 
 def register(registry: Registry) -> None:
     for contract in (TOP2_SUM_GATE, NORMALIZE_WEIGHT, GET_FUSED_MAPPING, EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF,
                      REDUCE_FUSED):
-        registry.kernel(contract.name, BACKEND, REFERENCE)(contract.kernel)
+        register_reference(registry, BACKEND, contract)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from portable_kernels.oracle import register_reference
 from portable_kernels.quantization import PER_BLOCK_CAST, PER_TOKEN_CAST
 from portable_kernels.registry import Registry
 
-from ._names import BACKEND, REFERENCE
+from ._names import BACKEND
 
 
 def register(registry: Registry) -> None:
     for contract in (PER_TOKEN_CAST, PER_BLOCK_CAST):
-        registry.kernel(contract.name, BACKEND, REFERENCE)(contract.kernel)
+        register_reference(registry, BACKEND, contract)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from portable_kernels.oracle import register_reference
 from portable_kernels.registry import Registry
 from portable_kernels.topk import TOPK
 
-from ._names import BACKEND, REFERENCE
+from ._names import BACKEND
 
 
 def register(registry: Registry) -> None:
-    registry.kernel(TOPK.name, BACKEND, REFERENCE)(TOPK.kernel)
+    register_reference(registry, BACKEND, TOPK)

@@ -1,10 +1,11 @@
 """nvidia backend: NVIDIA GPUs (Hopper sm90, Blackwell sm100).
 
-First form: it declares its byte layouts (see formats.py; the architecture comes from the device's
-compute capability, or from an explicit `arch=` when preparing) and registers, for every op, the
-"layout-reference" oracle that decodes its own bytes and runs the contract math. That oracle is
-not a performance path; real kernels (Triton, cuBLASLt, DeepGEMM delegation) register at higher
-priority. On CPU tensors the backend runs in emulation when chosen explicitly.
+It stores quantized operands in the Format of the GPU architecture — `SM90` or `SM100` from
+`portable_kernels.layouts` — taken from the device's compute capability, or from the `arch`
+option (`use_backend("nvidia", arch="sm100")`, `prepare_inputs(..., arch=...)`). For every op it
+registers the "layout-reference" oracle, which decodes those bytes and runs the contract math: a
+correctness tool, not a performance path; real kernels (Triton, cuBLASLt, DeepGEMM delegation)
+register at higher priority. On CPU tensors the backend runs in emulation when chosen explicitly.
 """
 
 from __future__ import annotations
@@ -12,22 +13,22 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import torch
+from portable_kernels.layouts import NVIDIA_MOE_ALIGNMENT, SM90, SM100
 
-from portable_kernels.errors import ContractError
-from portable_kernels.layout import Layout
-from portable_kernels.layouts import NVIDIA_MOE_ALIGNMENT
+from portable_kernels.contract import QuantArg
+from portable_kernels.formats import Format
 from portable_kernels.oracle import register_oracles
 from portable_kernels.registry import Backend, Registry
-from portable_kernels.tensors import PreparedTensor, QuantTensor
-
-from .formats import ARCHS, BY_FORMAT, LAYOUTS, SM90, SM100
 
 NAME = "nvidia"
+#: the architectures whose Formats this backend knows, and the Format each stores operands in
+FORMATS = {"sm90": SM90, "sm100": SM100}
+ARCHS = tuple(FORMATS)
 
 
 def arch_of_capability(major: int, minor: int) -> str | None:
     """The layout family of a compute capability: 9.x -> sm90, 10.x -> sm100, else None."""
-    return {9: SM90, 10: SM100}.get(major)
+    return {9: "sm90", 10: "sm100"}.get(major)
 
 
 class NvidiaBackend(Backend):
@@ -35,6 +36,7 @@ class NvidiaBackend(Backend):
     device_types = ("cuda",)
     emulation = True
     moe_alignment = NVIDIA_MOE_ALIGNMENT
+    options = {"arch": ARCHS}
 
     def unavailable_reason(self) -> str | None:
         if not torch.cuda.is_available():
@@ -51,15 +53,11 @@ class NvidiaBackend(Backend):
         arch = arch_of_capability(*torch.cuda.get_device_capability(device))
         return {"arch": arch} if arch else {}
 
-    def layout_for(self, op: str, arg: str, role: str, options: Mapping[str, Any]) -> Layout:
-        arch = options.get("arch", SM90)
-        if arch not in LAYOUTS:
-            raise ContractError(f"{op}: layout option arch={arch!r} is not one of {list(ARCHS)}. Fix: pass "
-                                f"arch='sm90' (Hopper) or arch='sm100' (Blackwell), or run on the GPU itself.")
-        return LAYOUTS[arch]
+    def format_for(self, op: str, arg: QuantArg, options: Mapping[str, Any]) -> Format:
+        return FORMATS[options.get("arch", "sm90")]
 
-    def decode(self, prepared: PreparedTensor) -> QuantTensor:
-        return BY_FORMAT[prepared.tag.format].decode(prepared)
+    def formats(self) -> tuple[Format, ...]:
+        return tuple(FORMATS.values())
 
 
 def register(registry: Registry) -> None:

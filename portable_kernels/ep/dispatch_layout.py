@@ -3,9 +3,12 @@ reference, its contract and the public op."""
 
 from __future__ import annotations
 
+import attrs
 import torch
 
-from ..contract import OpContract, Tolerance, bind, public_op, register_contract
+from ..contract import OpContract, Tolerance, public_op, register_contract
+from ..dispatch import run
+from ..providers import Inputs
 from .checks import _check_num_experts, _check_positive_int, _check_topk_idx
 
 
@@ -25,8 +28,26 @@ def dispatch_layout_reference(topk_idx: torch.Tensor, num_experts: int, num_rank
     return num_tokens_per_rank, None, num_tokens_per_expert, is_token_in_rank
 
 
+@attrs.frozen
+class DispatchLayoutInputs(Inputs):
+    """One get_dispatch_layout call: topk_idx [T, k], E experts over R ranks."""
+
+    topk_idx: torch.Tensor
+    num_experts: int
+    num_ranks: int
+    device_field = "topk_idx"
+
+    def dims(self) -> dict[str, int]:
+        return {"T": self.topk_idx.shape[0], "k": self.topk_idx.shape[1], "E": self.num_experts, "R": self.num_ranks}
+
+
+def dispatch_layout_kernel(call: DispatchLayoutInputs) -> tuple[torch.Tensor, None, torch.Tensor, torch.Tensor]:
+    """Reference kernel of get_dispatch_layout."""
+    return dispatch_layout_reference(call.topk_idx, call.num_experts, call.num_ranks)
+
+
 GET_DISPATCH_LAYOUT = register_contract(OpContract(
-    "get_dispatch_layout", dispatch_layout_reference, Tolerance(dequantized=0.0), kernel=dispatch_layout_reference))
+    "get_dispatch_layout", dispatch_layout_reference, Tolerance(dequantized=0.0), kernel=dispatch_layout_kernel))
 
 
 @public_op(GET_DISPATCH_LAYOUT)
@@ -45,5 +66,4 @@ def get_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int
     _check_positive_int(op, "num_ranks", num_ranks)
     _check_num_experts(op, num_experts, num_ranks)
     _check_topk_idx(op, "topk_idx", topk_idx, num_experts, None, None, None)
-    call = bind(GET_DISPATCH_LAYOUT, {}, [topk_idx])
-    return call.run(topk_idx=topk_idx, num_experts=num_experts, num_ranks=num_ranks)
+    return run(GET_DISPATCH_LAYOUT, DispatchLayoutInputs(topk_idx, num_experts, num_ranks))

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import attrs
 import torch
 
-from ..contract import OpContract, Tolerance, bind, public_op, register_contract
+from ..contract import OpContract, Tolerance, public_op, register_contract
+from ..dispatch import run
 from ..errors import ContractError, format_problem
+from ..providers import Inputs
 from ..quantization import quantize_blocks_reference
 from ..tensors import FP8_DTYPE, describe
 from .checks import (_check_bool, _check_num_experts, _check_per_rank, _check_positive_int, _check_tensor,
@@ -16,7 +19,6 @@ from .checks import (_check_bool, _check_num_experts, _check_per_rank, _check_po
 from .constants import COMBINE_BOUND, FP8_DISPATCH_BOUND, LAYOUT_RANGE_SHIFT, NO_EXPERT, SCALE_BLOCK, X_DTYPES
 from .ranks import _rank_offsets
 from .results import LowLatencyDispatchResult, LowLatencyHandle, Rows
-
 
 # --------------------------------------------------------------------------------------------
 # Reference math (plain torch; vectorized over tokens, ranks concatenated)
@@ -93,6 +95,31 @@ def low_latency_combine_reference(xs: tuple[torch.Tensor, ...], topk_idx: tuple[
     return out.to(xs[0].dtype).split(sizes)
 
 
+@attrs.frozen
+class SimulateLowLatencyDispatchInputs(Inputs):
+    """One simulate_low_latency_dispatch call: every rank's tokens and routing."""
+
+    xs: tuple[torch.Tensor, ...]
+    topk_idx: tuple[torch.Tensor, ...]
+    num_max_dispatch_tokens_per_rank: int
+    num_experts: int
+    use_fp8: bool
+    round_scale: bool
+    device_field = "xs"
+
+
+@attrs.frozen
+class SimulateLowLatencyCombineInputs(Inputs):
+    """One simulate_low_latency_combine call: every rank's expert outputs, routing and handle parts."""
+
+    xs: tuple[torch.Tensor, ...]
+    topk_idx: tuple[torch.Tensor, ...]
+    topk_weights: tuple[torch.Tensor, ...]
+    recv_src_info: tuple[torch.Tensor, ...]
+    recv_layout_range: tuple[torch.Tensor, ...]
+    device_field = "xs"
+
+
 SIMULATE_LOW_LATENCY_DISPATCH = register_contract(OpContract(
     "simulate_low_latency_dispatch", low_latency_dispatch_reference,
     Tolerance(dequantized=0.0, unquantized=FP8_DISPATCH_BOUND)))
@@ -138,9 +165,8 @@ def simulate_low_latency_dispatch(xs: Sequence[torch.Tensor], topk_idx: Sequence
                                            f"hidden divisible by {SCALE_BLOCK} with use_fp8",
                                            "pad hidden to a multiple of 128 or pass use_fp8=False"))
     idx, _ = _check_topk_per_rank(op, topk_idx, None, [x.shape[0] for x in data], data[0].device, experts)
-    call = bind(SIMULATE_LOW_LATENCY_DISPATCH, {}, [*data, *idx])
-    out = call.run(xs=data, topk_idx=idx, num_max_dispatch_tokens_per_rank=max_tokens, num_experts=experts,
-                   use_fp8=use_fp8, round_scale=round_scale)
+    out = run(SIMULATE_LOW_LATENCY_DISPATCH, SimulateLowLatencyDispatchInputs(tuple(data), tuple(idx), max_tokens,
+                                                                             experts, use_fp8, round_scale))
     hidden = data[0].shape[1]
     results = []
     for recv_x, recv_scales, recv_count, info, layout_range in out:
@@ -212,7 +238,6 @@ def simulate_low_latency_combine(xs: Sequence[torch.Tensor], topk_idx: Sequence[
         raise ContractError(format_problem(op, "topk_idx", f"routing {int(routed[expert])} tokens to expert {expert}",
                                            f"the {int(received[expert])} the handles received",
                                            "pass the topk_idx given to simulate_low_latency_dispatch"))
-    call = bind(SIMULATE_LOW_LATENCY_COMBINE, {}, [*xs, *idx, *weights])
-    return list(call.run(xs=tuple(xs), topk_idx=idx, topk_weights=weights,
-                         recv_src_info=tuple(h.recv_src_info for h in handles),
-                         recv_layout_range=tuple(h.recv_layout_range for h in handles)))
+    return list(run(SIMULATE_LOW_LATENCY_COMBINE, SimulateLowLatencyCombineInputs(
+        tuple(xs), tuple(idx), tuple(weights), tuple(h.recv_src_info for h in handles),
+        tuple(h.recv_layout_range for h in handles))))

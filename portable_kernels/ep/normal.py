@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import attrs
 import torch
 
-from ..contract import OpContract, Tolerance, bind, public_op, register_contract
+from ..contract import OpContract, Tolerance, public_op, register_contract
+from ..dispatch import run
 from ..errors import ContractError, format_problem
 from ..layouts.moe import aligned_counts
-from .checks import (_check_dispatch_handles, _check_num_experts, _check_per_rank, _check_positive_int,
-                     _check_tensor, _check_topk_per_rank, _check_x)
+from ..providers import Inputs
+from .checks import (_check_dispatch_handles, _check_num_experts, _check_per_rank, _check_positive_int, _check_tensor,
+                     _check_topk_per_rank, _check_x)
 from .constants import COMBINE_BOUND, NO_EXPERT, WEIGHT_DTYPE, X_DTYPES
 from .dispatch_layout import get_dispatch_layout
 from .ranks import _rank_offsets
 from .results import CombineResult, DispatchHandle, DispatchResult, Rows
-
 
 # --------------------------------------------------------------------------------------------
 # Reference math (plain torch; vectorized over tokens, ranks concatenated)
@@ -84,6 +86,32 @@ def combine_reference(xs: tuple[torch.Tensor, ...], topk_weights: tuple[torch.Te
     return tuple(zip(combined, weights))
 
 
+@attrs.frozen
+class SimulateDispatchInputs(Inputs):
+    """One simulate_dispatch call: every rank's inputs, as dispatch_reference takes them."""
+
+    xs: tuple[torch.Tensor, ...]
+    x_scales: tuple[torch.Tensor, ...] | None
+    topk_idx: tuple[torch.Tensor, ...] | None
+    topk_weights: tuple[torch.Tensor, ...] | None
+    is_token_in_rank: tuple[torch.Tensor, ...]
+    num_experts: int | None
+    expert_alignment: int
+    device_field = "xs"
+
+
+@attrs.frozen
+class SimulateCombineInputs(Inputs):
+    """One simulate_combine call: every rank's returned rows and where they came from."""
+
+    xs: tuple[torch.Tensor, ...]
+    topk_weights: tuple[torch.Tensor, ...] | None
+    recv_src_rank: tuple[torch.Tensor, ...]
+    recv_src_idx: tuple[torch.Tensor, ...]
+    num_tokens: tuple[int, ...]
+    device_field = "xs"
+
+
 SIMULATE_DISPATCH = register_contract(OpContract(
     "simulate_dispatch", dispatch_reference, Tolerance(dequantized=0.0)))
 SIMULATE_COMBINE = register_contract(OpContract(
@@ -136,10 +164,8 @@ def simulate_dispatch(xs: Sequence[Any], topk_idx: Sequence[torch.Tensor] | None
         experts = _check_num_experts(op, num_experts, num_ranks)
         idx, weights = _check_topk_per_rank(op, topk_idx, topk_weights, [x.shape[0] for x in data], device, experts)
         in_rank = tuple(get_dispatch_layout(t, experts, num_ranks)[3] for t in idx)
-    tensors = [*data, *(scales or ()), *(idx or ()), *(weights or ()), *in_rank]
-    call = bind(SIMULATE_DISPATCH, {}, tensors)
-    out = call.run(xs=data, x_scales=scales, topk_idx=idx, topk_weights=weights, is_token_in_rank=in_rank,
-                   num_experts=experts, expert_alignment=expert_alignment)
+    out = run(SIMULATE_DISPATCH, SimulateDispatchInputs(tuple(data), scales, idx, weights, tuple(in_rank), experts,
+                                                       expert_alignment))
     results = []
     for rank, (recv_x, recv_scales, recv_idx, recv_w, counts, src_idx, prefix) in enumerate(out):
         if handles is not None:
@@ -183,7 +209,5 @@ def simulate_combine(xs: Sequence[torch.Tensor], handles: Sequence[DispatchHandl
     src_rank = tuple(h.recv_src_rank for h in given)
     src_idx = tuple(h.recv_src_idx for h in given)
     num_tokens = tuple(h.num_tokens for h in given)
-    call = bind(SIMULATE_COMBINE, {}, [*xs, *(weights or ()), *src_idx])
-    out = call.run(xs=tuple(xs), topk_weights=weights, recv_src_rank=src_rank, recv_src_idx=src_idx,
-                   num_tokens=num_tokens)
+    out = run(SIMULATE_COMBINE, SimulateCombineInputs(tuple(xs), weights, src_rank, src_idx, num_tokens))
     return [CombineResult(x, w) for x, w in out]

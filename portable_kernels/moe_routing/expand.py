@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 
-from ..contract import OpContract, Tolerance, bind, public_op, register_contract
+from ..checks import check_bool, check_int, check_tensor
+from ..contract import OpContract, Tolerance, public_op, register_contract
+from ..dispatch import run
 from ..errors import ContractError, format_problem
+from ..providers import Inputs
 from ..tensors import FP8_DTYPE, PreparedTensor, QuantTensor, cdiv, describe
-from .checks import _check_bool, _check_int, _check_tensor
 from .mapping import INDEX_DTYPES, FusedMapping, _check_expand_mapping, _unpack_mapping
 
 _SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -44,13 +47,30 @@ def expand_to_fused_reference(x: torch.Tensor, token_topk_to_pos: torch.Tensor, 
     return outs[0], outs[1]
 
 
-def expand_to_fused_kernel(x: torch.Tensor, x_sf: torch.Tensor | None, token_topk_to_pos: torch.Tensor,
-                           pos_to_expert: torch.Tensor, out: torch.Tensor, out_sf: torch.Tensor | None) -> None:
+@attrs.frozen
+class ExpandInputs(Inputs):
+    """One expand_to_fused(_with_sf) call (validated): x [T, H] (any dtype, copied bit for bit),
+    x_sf None or fp32 [T, S]; the mapping; out [P, H] and out_sf (any strides) to write."""
+
+    x: torch.Tensor
+    x_sf: torch.Tensor | None
+    token_topk_to_pos: torch.Tensor
+    pos_to_expert: torch.Tensor
+    out: torch.Tensor
+    out_sf: torch.Tensor | None
+    device_field = "x"
+
+    def dims(self) -> dict[str, int]:
+        t, h = self.x.shape
+        return {"T": t, "H": h, "k": self.token_topk_to_pos.shape[1], "P": self.out.shape[0]}
+
+
+def expand_to_fused_kernel(call: ExpandInputs) -> None:
     """Reference kernel of expand_to_fused(_with_sf): writes out (and out_sf, any strides)."""
-    expanded, expanded_sf = expand_to_fused_reference(x, token_topk_to_pos, pos_to_expert, x_sf)
-    _bits(out).copy_(_bits(expanded))
-    if out_sf is not None:
-        out_sf.copy_(expanded_sf)
+    expanded, expanded_sf = expand_to_fused_reference(call.x, call.token_topk_to_pos, call.pos_to_expert, call.x_sf)
+    _bits(call.out).copy_(_bits(expanded))
+    if call.out_sf is not None:
+        call.out_sf.copy_(expanded_sf)
 
 
 EXPAND_TO_FUSED = register_contract(OpContract("expand_to_fused", expand_to_fused_reference,
@@ -67,9 +87,9 @@ def _run_expand(contract: OpContract, x: torch.Tensor, x_sf: torch.Tensor | None
                 pos_to_expert: torch.Tensor, col_major_sf: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     op = contract.name
     t = x.shape[0]
-    _check_tensor(op, "token_topk_to_pos", token_topk_to_pos, INDEX_DTYPES, (t, None), x.device,
+    check_tensor(op, "token_topk_to_pos", token_topk_to_pos, INDEX_DTYPES, (t, None), x.device,
                   f"pass the [num_tokens = {t}, num_topk] mapping from get_fused_mapping")
-    _check_tensor(op, "pos_to_expert", pos_to_expert, INDEX_DTYPES, (None,), x.device,
+    check_tensor(op, "pos_to_expert", pos_to_expert, INDEX_DTYPES, (None,), x.device,
                   "pass pos_to_expert [P] from get_fused_mapping")
     _check_expand_mapping(op, token_topk_to_pos, pos_to_expert)
     rows = pos_to_expert.numel()
@@ -83,9 +103,7 @@ def _run_expand(contract: OpContract, x: torch.Tensor, x_sf: torch.Tensor | None
             out_sf = torch.empty(s, padded, dtype=x_sf.dtype, device=x.device)[:, :rows].T
         else:
             out_sf = torch.empty(rows, s, dtype=x_sf.dtype, device=x.device)
-    call = bind(contract, {}, [x, x_sf, token_topk_to_pos, pos_to_expert])
-    call.run(x=x, x_sf=x_sf, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert, out=out,
-             out_sf=out_sf)
+    run(contract, ExpandInputs(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf))
     return out, out_sf
 
 
@@ -123,7 +141,7 @@ def expand_to_fused_with_sf(x: Any, num_per_channels: int, token_topk_to_pos: to
     """
     op = EXPAND_TO_FUSED_WITH_SF.name
     ttp, pte = _unpack_mapping(op, token_topk_to_pos, pos_to_expert, need_pos_to_expert=True)
-    _check_int(op, "num_per_channels", num_per_channels, 1, fix="pass the scale block size, e.g. 128")
+    check_int(op, "num_per_channels", num_per_channels, 1, fix="pass the scale block size, e.g. 128")
     if isinstance(x, PreparedTensor):
         raise ContractError(format_problem(op, "x", describe(x), "logical (fp8 data, fp32 scales)",
                                            "pass the quantizer's QuantTensor, not a backend-prepared operand"))
@@ -135,12 +153,12 @@ def expand_to_fused_with_sf(x: Any, num_per_channels: int, token_topk_to_pos: to
         raise ContractError(format_problem(op, "x", describe(x), "a (fp8 data, fp32 scales) pair",
                                            "quantize with per_token_cast_to_fp8 first"))
     data, sf = tuple(x)
-    _check_tensor(op, "x", data, (FP8_DTYPE,), (None, None), None, "pass fp8 e4m3 data [T, H]")
+    check_tensor(op, "x", data, (FP8_DTYPE,), (None, None), None, "pass fp8 e4m3 data [T, H]")
     t, h = data.shape
     s = cdiv(h, num_per_channels)
-    _check_tensor(op, "x", sf, (torch.float32,), (t, s), data.device,
+    check_tensor(op, "x", sf, (torch.float32,), (t, s), data.device,
                   f"pass fp32 scales [T, ceil(H/{num_per_channels})] = [{t}, {s}] (logical, not packed)")
-    _check_bool(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
+    check_bool(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
     out, out_sf = _run_expand(EXPAND_TO_FUSED_WITH_SF, data, sf, ttp, pte, use_tma_aligned_col_major_sf)
     ue8m0 = x.ue8m0 if isinstance(x, QuantTensor) else False
     return QuantTensor(out, out_sf, (1, num_per_channels), ue8m0=ue8m0)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import torch
 import torch.nn.functional as F
 
-from ..contract import OpContract, Tolerance, bind, public_op, register_contract
+from ..checks import check_bool, check_finite, check_int, check_tensor
+from ..contract import OpContract, Tolerance, public_op, register_contract
+from ..dispatch import run
 from ..errors import ContractError, format_problem
-from .checks import _check_bool, _check_finite, _check_int, _check_tensor
+from ..providers import Inputs
 
 #: scoring functions of the gate (TileKernels names); softmax is not in this contract
 SCORING_FUNCS = ("sigmoid", "sqrtsoftplus")
@@ -18,6 +21,7 @@ SCORING_FUNCS = ("sigmoid", "sqrtsoftplus")
 GROUP_SCORE_TOPK = 2
 #: added to the weight sum before dividing (TileKernels' normalizer)
 NORMALIZE_EPS = 1e-20
+_FINITE_FIX = "find where {} became NaN/Inf upstream; the gate cannot rank them"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,18 +73,49 @@ def normalize_weight_reference(topk_weights: torch.Tensor) -> tuple[torch.Tensor
     return denominator, topk_weights.float() / denominator[:, None]
 
 
-def top2_sum_gate_kernel(logits: torch.Tensor, bias: torch.Tensor | None, num_topk: int, num_topk_groups: int,
-                         num_groups: int, routed_scaling_factor: float, scoring_func: str, normalize: bool,
-                         mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+@attrs.frozen
+class GateInputs(Inputs):
+    """One top2_sum_gate call (validated): logits fp32 [T, E], bias None or fp32 [E], mask None or bool [T]."""
+
+    logits: torch.Tensor
+    bias: torch.Tensor | None
+    num_topk: int
+    num_topk_groups: int
+    num_groups: int
+    routed_scaling_factor: float
+    scoring_func: str
+    normalize: bool
+    mask: torch.Tensor | None
+    device_field = "logits"
+
+    def dims(self) -> dict[str, int]:
+        t, e = self.logits.shape
+        return {"T": t, "E": e, "k": self.num_topk, "groups": self.num_groups}
+
+
+@attrs.frozen
+class NormalizeInputs(Inputs):
+    """One normalize_weight call: topk_weights fp32 [T, k]."""
+
+    topk_weights: torch.Tensor
+    device_field = "topk_weights"
+
+
+def top2_sum_gate_kernel(call: GateInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference kernel of top2_sum_gate: returns (topk_idx, topk_weights)."""
-    return top2_sum_gate_reference(logits, bias, num_topk, num_topk_groups, num_groups, routed_scaling_factor,
-                                   scoring_func, normalize, mask)
+    return top2_sum_gate_reference(call.logits, call.bias, call.num_topk, call.num_topk_groups, call.num_groups,
+                                   call.routed_scaling_factor, call.scoring_func, call.normalize, call.mask)
+
+
+def normalize_weight_kernel(call: NormalizeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference kernel of normalize_weight."""
+    return normalize_weight_reference(call.topk_weights)
 
 
 TOP2_SUM_GATE = register_contract(OpContract("top2_sum_gate", top2_sum_gate_reference, Tolerance(dequantized=1e-9),
                                              kernel=top2_sum_gate_kernel))
 NORMALIZE_WEIGHT = register_contract(OpContract("normalize_weight", normalize_weight_reference,
-                                                Tolerance(dequantized=1e-10), kernel=normalize_weight_reference))
+                                                Tolerance(dequantized=1e-10), kernel=normalize_weight_kernel))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,7 +141,7 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor | None, num_topk: int
     Returns (topk_idx int64 [T, num_topk], best first; topk_weights fp32 [T, num_topk]).
     """
     op = TOP2_SUM_GATE.name
-    _check_tensor(op, "logits", logits, (torch.float32,), (None, None), None,
+    check_tensor(op, "logits", logits, (torch.float32,), (None, None), None,
                   "pass router logits as fp32 [num_tokens, num_experts] (logits.float())")
     t, e = logits.shape
     if e == 0:
@@ -114,9 +149,9 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor | None, num_topk: int
                                            "pass [num_tokens, num_experts] logits"))
     device = logits.device
     if bias is not None:
-        _check_tensor(op, "bias", bias, (torch.float32,), (e,), device, f"pass fp32 [{e}] (one per expert) or None")
-    _check_int(op, "num_groups", num_groups, 0)
-    _check_int(op, "num_topk_groups", num_topk_groups, 0)
+        check_tensor(op, "bias", bias, (torch.float32,), (e,), device, f"pass fp32 [{e}] (one per expert) or None")
+    check_int(op, "num_groups", num_groups, 0)
+    check_int(op, "num_topk_groups", num_topk_groups, 0)
     if (num_groups == 0) != (num_topk_groups == 0):
         raise ContractError(format_problem(op, "num_topk_groups", f"{num_topk_groups} with num_groups={num_groups}",
                                            "both zero (no grouping) or both positive",
@@ -128,17 +163,17 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor | None, num_topk: int
         raise ContractError(format_problem(op, "num_groups", num_groups, f"a divisor of the expert count {e}",
                                            "split the experts into equal groups"))
     allowed = e if not num_groups else num_topk_groups * (e // num_groups)
-    _check_int(op, "num_topk", num_topk, 1, allowed, f"choose at most the {allowed} experts of the kept groups")
-    _check_bool(op, "use_shared_as_routed", use_shared_as_routed)
+    check_int(op, "num_topk", num_topk, 1, allowed, f"choose at most the {allowed} experts of the kept groups")
+    check_bool(op, "use_shared_as_routed", use_shared_as_routed)
     if use_shared_as_routed:
         raise ContractError(format_problem(op, "use_shared_as_routed", "True", "False (shared experts routed as "
                                            "extra top-k slots are not in this contract)",
                                            "run the shared experts separately and add their output"))
-    _check_int(op, "num_shared_experts", num_shared_experts, 0)
-    _check_int(op, "num_ep_ranks", num_ep_ranks, 1)
-    _check_int(op, "ep_rank", ep_rank, 0, num_ep_ranks - 1)
-    _check_int(op, "num_tp_ranks", num_tp_ranks, 1, 1, "pass num_tp_ranks=1; mask expert ids per TP rank afterwards")
-    _check_int(op, "tp_rank", tp_rank, 0, 0)
+    check_int(op, "num_shared_experts", num_shared_experts, 0)
+    check_int(op, "num_ep_ranks", num_ep_ranks, 1)
+    check_int(op, "ep_rank", ep_rank, 0, num_ep_ranks - 1)
+    check_int(op, "num_tp_ranks", num_tp_ranks, 1, 1, "pass num_tp_ranks=1; mask expert ids per TP rank afterwards")
+    check_int(op, "tp_rank", tp_rank, 0, 0)
     if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)) \
             or not math.isfinite(routed_scaling_factor):
         raise ContractError(format_problem(op, "routed_scaling_factor", repr(routed_scaling_factor), "a finite float",
@@ -147,15 +182,13 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor | None, num_topk: int
         raise ContractError(format_problem(op, "scoring_func", repr(scoring_func), f"one of {SCORING_FUNCS}",
                                            "use 'sigmoid' (DeepSeek-V3)"))
     if mask is not None:
-        _check_tensor(op, "mask", mask, (torch.bool,), (t,), device, f"pass a bool [{t}] tensor or None")
-    _check_bool(op, "normalize", normalize)
-    _check_finite(op, "logits", logits)
+        check_tensor(op, "mask", mask, (torch.bool,), (t,), device, f"pass a bool [{t}] tensor or None")
+    check_bool(op, "normalize", normalize)
+    check_finite(op, "logits", logits, _FINITE_FIX.format("logits"))
     if bias is not None:
-        _check_finite(op, "bias", bias)
-    call = bind(TOP2_SUM_GATE, {}, [logits, bias, mask])
-    return call.run(logits=logits, bias=bias, num_topk=num_topk, num_topk_groups=num_topk_groups,
-                    num_groups=num_groups, routed_scaling_factor=float(routed_scaling_factor),
-                    scoring_func=scoring_func, normalize=normalize, mask=mask)
+        check_finite(op, "bias", bias, _FINITE_FIX.format("bias"))
+    return run(TOP2_SUM_GATE, GateInputs(logits, bias, num_topk, num_topk_groups, num_groups,
+                                         float(routed_scaling_factor), scoring_func, normalize, mask))
 
 
 @public_op(NORMALIZE_WEIGHT)
@@ -166,7 +199,6 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     NaN/Inf are not checked: they propagate into their token's row.
     """
     op = NORMALIZE_WEIGHT.name
-    _check_tensor(op, "topk_weights", topk_weights, (torch.float32,), (None, None), None,
+    check_tensor(op, "topk_weights", topk_weights, (torch.float32,), (None, None), None,
                   "pass fp32 [num_tokens, num_topk] weights")
-    call = bind(NORMALIZE_WEIGHT, {}, [topk_weights])
-    return call.run(topk_weights=topk_weights)
+    return run(NORMALIZE_WEIGHT, NormalizeInputs(topk_weights))

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import attrs
 import torch
 
-from ..contract import OpContract, Tolerance, bind, checks_values, public_op, register_contract
+from ..checks import check_bool, check_int, check_tensor, first_bad
+from ..contract import OpContract, Tolerance, checks_values, public_op, register_contract
+from ..dispatch import run, selection_for
 from ..errors import ContractError, format_problem
 from ..layouts import aligned_counts, contiguous_m_indices, segment_starts
+from ..providers import Inputs
 from ..tensors import cdiv, describe
-from .checks import _check_bool, _check_int, _check_tensor, _first_bad
 
 MAPPING_DTYPE = torch.int32
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -55,10 +58,24 @@ def fused_mapping_reference(topk_idx: torch.Tensor, num_experts: int, num_expand
             (start + aligned).to(MAPPING_DTYPE), aligned.to(MAPPING_DTYPE))
 
 
-def get_fused_mapping_kernel(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int,
-                             alignment: int) -> tuple[torch.Tensor, ...]:
+@attrs.frozen
+class FusedMappingInputs(Inputs):
+    """One get_fused_mapping call (validated): topk_idx [T, k], the buffer's rows P and the alignment."""
+
+    topk_idx: torch.Tensor
+    num_experts: int
+    num_expanded_tokens: int
+    alignment: int
+    device_field = "topk_idx"
+
+    def dims(self) -> dict[str, int]:
+        t, k = self.topk_idx.shape
+        return {"T": t, "k": k, "E": self.num_experts, "P": self.num_expanded_tokens}
+
+
+def get_fused_mapping_kernel(call: FusedMappingInputs) -> tuple[torch.Tensor, ...]:
     """Reference kernel of get_fused_mapping: the seven mapping tensors."""
-    return fused_mapping_reference(topk_idx, num_experts, num_expanded_tokens, alignment)
+    return fused_mapping_reference(call.topk_idx, call.num_experts, call.num_expanded_tokens, call.alignment)
 
 
 GET_FUSED_MAPPING = register_contract(OpContract("get_fused_mapping", fused_mapping_reference,
@@ -109,7 +126,7 @@ def _check_positions(op: str, token_topk_to_pos: torch.Tensor, num_rows: int) ->
     too_big = token_topk_to_pos >= num_rows
     if bool(too_big.any()):
         raise ContractError(format_problem(op, "token_topk_to_pos", f"pointing past the {num_rows} rows "
-                                           f"({_first_bad(too_big)})", f"values < {num_rows} (negative = padding)",
+                                           f"({first_bad(too_big)})", f"values < {num_rows} (negative = padding)",
                                            "build the mapping with get_fused_mapping for this buffer"))
 
 
@@ -124,7 +141,7 @@ def _check_expand_mapping(op: str, token_topk_to_pos: torch.Tensor, pos_to_exper
     if not torch.equal(hits, wanted):
         bad = hits != wanted
         raise ContractError(format_problem(op, "token_topk_to_pos", f"inconsistent with pos_to_expert "
-                                           f"({_first_bad(bad)}: rows hit twice, hit while padding, or never hit)",
+                                           f"({first_bad(bad)}: rows hit twice, hit while padding, or never hit)",
                                            "each non-padding row targeted by exactly one (token, slot)",
                                            "pass token_topk_to_pos and pos_to_expert from the same get_fused_mapping"))
 
@@ -147,32 +164,35 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
     Returns a FusedMapping (unpacks as TileKernels' 8-tuple; see its docstring).
     """
     op = GET_FUSED_MAPPING.name
-    _check_tensor(op, "topk_idx", topk_idx, INDEX_DTYPES, (None, None), None,
+    check_tensor(op, "topk_idx", topk_idx, INDEX_DTYPES, (None, None), None,
                   "pass expert ids as int64 [num_tokens, num_topk] (-1 for padding)")
-    _check_int(op, "num_experts", num_experts, 1)
-    _check_int(op, "num_expanded_tokens", num_expanded_tokens, 0)
+    check_int(op, "num_experts", num_experts, 1)
+    check_int(op, "num_expanded_tokens", num_expanded_tokens, 0)
     if alignment is not None:
-        _check_int(op, "alignment", alignment, 1, fix="pass e.g. 128, or None for the backend's alignment")
-    _check_bool(op, "force_no_sync", force_no_sync)
-    too_big = topk_idx >= num_experts
-    if bool(too_big.any()):
-        raise ContractError(format_problem(op, "topk_idx", f"naming experts >= num_experts ({_first_bad(too_big)})",
-                                           f"values < num_experts = {num_experts} (negative = padding)",
-                                           "pass the total expert count, or mask foreign experts with -1"))
-    call = bind(GET_FUSED_MAPPING, {}, [topk_idx])
-    align_rows = alignment if alignment is not None else call.selection.backend.moe_alignment
+        check_int(op, "alignment", alignment, 1, fix="pass e.g. 128, or None for the backend's alignment")
+    check_bool(op, "force_no_sync", force_no_sync)
     t, k = topk_idx.shape
-    synced = num_expanded_tokens == 0 and not force_no_sync
-    counts = torch.bincount(topk_idx[topk_idx >= 0].to(torch.int64), minlength=num_experts)
-    needed = int(aligned_counts(counts, align_rows).sum())
-    if num_expanded_tokens == 0:
-        rows = needed if synced else cdiv(t * k + (align_rows - 1) * num_experts, align_rows) * align_rows
+    if force_no_sync:  # no host read of topk_idx at all: the buffer is sized by the upper bound
+        selection = selection_for(GET_FUSED_MAPPING, FusedMappingInputs(topk_idx, num_experts, 0, 1))
+        align_rows = alignment if alignment is not None else selection.backend.moe_alignment
+        bound = cdiv(t * k + (align_rows - 1) * num_experts, align_rows) * align_rows
+        rows, synced = num_expanded_tokens or bound, False
     else:
-        rows = num_expanded_tokens
+        too_big = topk_idx >= num_experts
+        if bool(too_big.any()):
+            raise ContractError(format_problem(op, "topk_idx", f"naming experts >= num_experts ({first_bad(too_big)})",
+                                               f"values < num_experts = {num_experts} (negative = padding)",
+                                               "pass the total expert count, or mask foreign experts with -1"))
+        selection = selection_for(GET_FUSED_MAPPING, FusedMappingInputs(topk_idx, num_experts, 0, 1))
+        align_rows = alignment if alignment is not None else selection.backend.moe_alignment
+        synced = num_expanded_tokens == 0
+        counts = torch.bincount(topk_idx[topk_idx >= 0].to(torch.int64), minlength=num_experts)
+        needed = int(aligned_counts(counts, align_rows).sum())
+        rows = needed if synced else num_expanded_tokens
         if rows < needed:
             raise ContractError(format_problem(op, "num_expanded_tokens", rows, f">= {needed} (the aligned "
                                                f"segments of these expert counts)",
                                                "pass 0 to size the buffer exactly, or a larger bound"))
-    out = call.run(topk_idx=topk_idx, num_experts=num_experts, num_expanded_tokens=rows, alignment=align_rows)
+    out = run(GET_FUSED_MAPPING, FusedMappingInputs(topk_idx, num_experts, rows, align_rows))
     listed = [int(v) for v in out[6].tolist()] if synced else []
     return FusedMapping(*out, listed)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 
-from ..contract import OpContract, Tolerance, bind, public_op, register_contract
+from ..checks import check_tensor
+from ..contract import OpContract, Tolerance, public_op, register_contract
+from ..dispatch import run
 from ..errors import ContractError, format_problem
 from ..layouts import FP8_E4M3_MAX
+from ..providers import Inputs
 from ..tensors import FP8_DTYPE, describe
-from .checks import _check_tensor
 from .mapping import INDEX_DTYPES, FusedMapping, _check_positions, _unpack_mapping
 
 REDUCE_DTYPES = (torch.bfloat16, torch.float32)
@@ -44,11 +47,30 @@ def reduce_fused_reference(x: torch.Tensor, topk_weights: torch.Tensor | None, t
     return out
 
 
-def reduce_fused_kernel(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
-                        token_topk_to_pos: torch.Tensor, sf: torch.Tensor | None, fp8: bool,
-                        out: torch.Tensor) -> None:
+@attrs.frozen
+class ReduceInputs(Inputs):
+    """One reduce_fused call (validated): x bf16/fp32 [P, H], x_sf None or fp32 [P], topk_weights None
+    or fp32 [T, k], token_topk_to_pos [T, k], sf None or fp32 [1], fp8 output flag, out [T, H]."""
+
+    x: torch.Tensor
+    x_sf: torch.Tensor | None
+    topk_weights: torch.Tensor | None
+    token_topk_to_pos: torch.Tensor
+    sf: torch.Tensor | None
+    fp8: bool
+    out: torch.Tensor
+    device_field = "x"
+
+    def dims(self) -> dict[str, int]:
+        p, h = self.x.shape
+        t, k = self.token_topk_to_pos.shape
+        return {"P": p, "H": h, "T": t, "k": k}
+
+
+def reduce_fused_kernel(call: ReduceInputs) -> None:
     """Reference kernel of reduce_fused: writes the (cast) fp32 sums into out."""
-    out.copy_(reduce_fused_reference(x, topk_weights, token_topk_to_pos, x_sf, sf, fp8))
+    call.out.copy_(reduce_fused_reference(call.x, call.topk_weights, call.token_topk_to_pos, call.x_sf, call.sf,
+                                          call.fp8))
 
 
 REDUCE_FUSED = register_contract(OpContract("reduce_fused", reduce_fused_reference, Tolerance(dequantized=1e-9),
@@ -82,16 +104,16 @@ def reduce_fused(x: Any, topk_weights: torch.Tensor | None, token_topk_to_pos: t
             raise ContractError(format_problem(op, "x", describe(tuple(x)), "a tensor or an (x, x_sf) pair",
                                                "pass the expert outputs, optionally with per-row scales"))
         x, x_sf = x
-    _check_tensor(op, "x", x, REDUCE_DTYPES, (None, None), None, "pass expert outputs as bf16/fp32 [P, H]")
+    check_tensor(op, "x", x, REDUCE_DTYPES, (None, None), None, "pass expert outputs as bf16/fp32 [P, H]")
     rows, h = x.shape
     device = x.device
     if x_sf is not None:
-        _check_tensor(op, "x_sf", x_sf, (torch.float32,), (rows,), device, f"pass fp32 per-row scales [{rows}]")
-    _check_tensor(op, "token_topk_to_pos", ttp, INDEX_DTYPES, (None, None), device,
+        check_tensor(op, "x_sf", x_sf, (torch.float32,), (rows,), device, f"pass fp32 per-row scales [{rows}]")
+    check_tensor(op, "token_topk_to_pos", ttp, INDEX_DTYPES, (None, None), device,
                   "pass token_topk_to_pos [T, k] from get_fused_mapping")
     t, k = ttp.shape
     if topk_weights is not None:
-        _check_tensor(op, "topk_weights", topk_weights, (torch.float32,), (t, k), device,
+        check_tensor(op, "topk_weights", topk_weights, (torch.float32,), (t, k), device,
                       f"pass fp32 [{t}, {k}] weights (or None for a plain sum)")
     if fp8_format not in FP8_FORMATS:
         raise ContractError(format_problem(op, "fp8_format", repr(fp8_format), f"one of {FP8_FORMATS}",
@@ -101,16 +123,15 @@ def reduce_fused(x: Any, topk_weights: torch.Tensor | None, token_topk_to_pos: t
         if not fp8:
             raise ContractError(format_problem(op, "sf", describe(sf), "None unless fp8_format='e4m3'",
                                                "drop sf, or ask for FP8 output"))
-        _check_tensor(op, "sf", sf, (torch.float32,), (1,), device, "pass an fp32 [1] output scale")
+        check_tensor(op, "sf", sf, (torch.float32,), (1,), device, "pass an fp32 [1] output scale")
     out_dtype = FP8_DTYPE if fp8 else x.dtype
     if out is None:
         out = torch.empty(t, h, dtype=out_dtype, device=device)
     else:
-        _check_tensor(op, "out", out, (out_dtype,), (t, h), device, f"allocate out as {out_dtype} [{t}, {h}]")
+        check_tensor(op, "out", out, (out_dtype,), (t, h), device, f"allocate out as {out_dtype} [{t}, {h}]")
         if not out.is_contiguous():
             raise ContractError(format_problem(op, "out", f"non-contiguous (strides {out.stride()})", "contiguous",
                                                "pass a contiguous buffer"))
     _check_positions(op, ttp, rows)
-    call = bind(REDUCE_FUSED, {}, [x, x_sf, topk_weights, ttp, sf, out])
-    call.run(x=x, x_sf=x_sf, topk_weights=topk_weights, token_topk_to_pos=ttp, sf=sf, fp8=fp8, out=out)
+    run(REDUCE_FUSED, ReduceInputs(x, x_sf, topk_weights, ttp, sf, fp8, out))
     return out

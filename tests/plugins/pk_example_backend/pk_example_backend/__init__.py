@@ -1,31 +1,34 @@
 """An example third-party backend for portable_kernels.
 
-It stands for a new chip whose GEMM wants the weight scales K-major-transposed ([sf_k, MN]) and
-runs, here, in emulation on CPU tensors. It registers providers for the FP8 quantizers and
-fp8_gemm_nt only, so the conformance report shows the other ops as unsupported.
+It stands for a new chip whose GEMM wants the scales K-major-transposed ([sf_k, MN]) and runs, here,
+in emulation on CPU tensors. It registers providers for the FP8 quantizers and fp8_gemm_nt only,
+so the conformance report shows the other ops as unsupported.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import torch
 
-from portable_kernels import Backend, PreparedTensor, QuantTensor, Registry
+from portable_kernels import Backend, PreparedTensor, Registry
+from portable_kernels.formats import Decoded, Encoded, Format
 from portable_kernels.gemm import gemm_reference
-from portable_kernels.layout import Layout
-from portable_kernels.quantization import dequantize_reference, quantize_blocks_reference
+from portable_kernels.oracle import register_reference
+from portable_kernels.quantization import PER_BLOCK_CAST, PER_TOKEN_CAST, dequantize_reference
+from portable_kernels.tensors import QuantTensor
 
 NAME = "example"
-TRANSPOSED = "fp32-transposed"
 
 
-def _encode(qt: QuantTensor):
-    return qt.data.contiguous(), qt.scale.transpose(-1, -2).contiguous(), qt.granularity
+def _encode(operand) -> Encoded:
+    return Encoded(operand.data.contiguous(), operand.scale.transpose(-1, -2).contiguous(), tuple(operand.granularity))
 
 
-def _decode(p: PreparedTensor) -> QuantTensor:
-    return QuantTensor(p.data, p.scale.transpose(-1, -2).contiguous(), p.storage_granularity, p.ue8m0, p.element)
+def _decode(operand) -> Decoded:
+    return Decoded(operand.data, operand.scale.transpose(-1, -2).contiguous(), tuple(operand.storage_granularity))
+
+
+TRANSPOSED = Format("example-fp32-transposed", ("e4m3",), "fp32 [sf_k, MN], contiguous (K-major transposed)",
+                    "as quantized", False, _encode, _decode, lambda granularity: tuple(granularity))
 
 
 class ExampleBackend(Backend):
@@ -33,36 +36,25 @@ class ExampleBackend(Backend):
     device_types = ()      # no real device in this example
     emulation = True       # runs on CPU tensors when chosen explicitly
 
-    def __init__(self) -> None:
-        self._layout = Layout(TRANSPOSED, _encode, _decode)
+    def format_for(self, op, arg, options):
+        return TRANSPOSED
 
-    def layout_for(self, op: str, arg: str, role: str, options: Mapping[str, Any]) -> Layout:
-        return self._layout
-
-    def decode(self, prepared: PreparedTensor) -> QuantTensor:
-        return _decode(prepared)
+    def formats(self):
+        return (TRANSPOSED,)
 
 
-def fp8_gemm_nt(a, sfa, b, sfb, d, c, sfa_format, sfb_format, sfa_granularity, sfb_granularity) -> None:
-    if d.numel() == 0:
+def _values(p: PreparedTensor) -> torch.Tensor:
+    return dequantize_reference(QuantTensor(p.data, p.scale.T.contiguous(), p.storage_granularity))
+
+
+def fp8_gemm_nt(call) -> None:
+    if call.d.numel() == 0:
         return
-    da = dequantize_reference(QuantTensor(a, sfa.T.contiguous(), sfa_granularity))
-    db = dequantize_reference(QuantTensor(b, sfb.T.contiguous(), sfb_granularity))
-    d.copy_(gemm_reference(da, db, c))
-
-
-def supports_gemm(a, sfa, b, sfb, d, c, sfa_format, sfb_format, sfa_granularity, sfb_granularity) -> str | None:
-    if sfa_format != TRANSPOSED or sfb_format != TRANSPOSED:
-        return f"reads {TRANSPOSED} scales only, got {sfa_format}/{sfb_format}"
-    return None
-
-
-def quantize(x: torch.Tensor, gran_mn: int, gran_k: int, use_ue8m0: bool):
-    return quantize_blocks_reference(x, gran_mn, gran_k, use_ue8m0)
+    call.d.copy_(gemm_reference(_values(call.a), _values(call.b), call.c))
 
 
 def register(registry: Registry) -> None:
     registry.add_backend(ExampleBackend())
-    registry.kernel("fp8_gemm_nt", NAME, "emulated", supports=supports_gemm)(fp8_gemm_nt)
-    for op in ("per_token_cast_to_fp8", "per_block_cast_to_fp8"):
-        registry.kernel(op, NAME, "emulated")(quantize)
+    registry.kernel("fp8_gemm_nt", NAME, "emulated", formats={"a": (TRANSPOSED,), "b": (TRANSPOSED,)})(fp8_gemm_nt)
+    for contract in (PER_TOKEN_CAST, PER_BLOCK_CAST):
+        register_reference(registry, NAME, contract, name="emulated")

@@ -13,15 +13,8 @@ from typing import Any
 
 import torch
 
-from portable_kernels.layouts import (
-    ascend_mx_encode,
-    e2m1_encode,
-    nd_to_nz,
-    pack_e2m1,
-    regranularize_k,
-    sm90_sfa_encode,
-    sm100_ue8m0_encode,
-)
+from portable_kernels.layouts import (ascend_mx_encode, e2m1_encode, nd_to_nz, pack_e2m1, regranularize_k,
+                                      sm90_sfa_encode, sm100_ue8m0_encode)
 
 __all__ = ["plot_scale_layouts", "plot_fp4_packing", "plot_nz_tiles"]
 
