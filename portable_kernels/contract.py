@@ -15,7 +15,6 @@ import torch
 
 from .errors import ContractError, format_problem
 from .formats import Format
-from .layouts.ue8m0 import is_power_of_two
 from .tensors import FP8_DTYPE, PreparedTensor, QuantTensor, cdiv, describe
 
 Role = Literal["lhs", "rhs"]
@@ -168,4 +167,8 @@ def quant_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | P
             contract.name, arg, f"scale of shape {tuple(scale.shape)} for data of shape {tuple(data.shape)}",
             f"[..., ceil(MN/gran_mn), ceil(K/gran_k)] (default granularity {qa.granularity})",
             "pass scales from the same quantizer call as the data"))
-    return QuantTensor(data, scale, (gm, gk), ue8m0=is_power_of_two(scale))
+    if scale.device != data.device:
+        raise ContractError(format_problem(contract.name, arg, f"scale on {scale.device} for data on {data.device}",
+                                           "data and scale on one device", "move both to one device"))
+    # ue8m0 stays False ("not known"): a Format that needs powers of two checks the values itself
+    return QuantTensor.unchecked(data, scale, (gm, gk), False, "e4m3")

@@ -6,6 +6,7 @@ which layout variants each offers, so a new backend shows up without editing thi
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import attrs
 import torch
 
+from .errors import LayoutError, NoKernelError
 from .gemm import fp8_gemm_nt
 from .numerics import calc_diff
 from .prepare import prepare_inputs
@@ -31,6 +33,7 @@ class DemoRow:
     diff_dequantized: float
     diff_unquantized: float
     seconds: float
+    note: str = ""
 
 
 def runnable_targets() -> list[tuple[str, torch.device, dict[str, Any]]]:
@@ -69,14 +72,19 @@ def run_demo(m: int = DEMO_SHAPE["m"], n: int = DEMO_SHAPE["n"], k: int = DEMO_S
     exact = x.double() @ w.double().T
     rows = []
     for name, device, options in runnable_targets():
-        with use_backend(name, **options):
-            prepared = prepare_inputs(fp8_gemm_nt, device=device, b=weight)["b"]
-            act = per_token_cast_to_fp8(x.to(device), use_ue8m0=True, prepare_for=fp8_gemm_nt)
-            reference = dequantize(act).double().cpu() @ dequantize(prepared).double().cpu().T
-            d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
-            seconds = _time(lambda: fp8_gemm_nt(act, prepared, d))
-        out = d.double().cpu()
         where = str(device) if device.type in registry().backend(name).device_types else f"{device} (emulation)"
+        try:
+            with use_backend(name, **options):
+                prepared = prepare_inputs(fp8_gemm_nt, device=device, b=weight)["b"]
+                act = per_token_cast_to_fp8(x.to(device), use_ue8m0=True, prepare_for=fp8_gemm_nt)
+                reference = dequantize(act).double().cpu() @ dequantize(prepared).double().cpu().T
+                d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+                seconds = _time(lambda: fp8_gemm_nt(act, prepared, d))
+        except (NoKernelError, LayoutError) as exc:  # a backend without these ops (a partial plugin) is reported
+            first = str(exc).splitlines()[0]
+            rows.append(DemoRow(name, where, "-", math.nan, math.nan, math.nan, f"skipped: {first}"))
+            continue
+        out = d.double().cpu()
         rows.append(DemoRow(name, where, _layout_name(prepared.tag),
                             calc_diff(out, reference), calc_diff(out, exact), seconds))
     return rows
@@ -89,9 +97,11 @@ def _layout_name(tag) -> str:
 
 def format_table(rows: list[DemoRow]) -> str:
     header = ("backend", "device", "weight scale layout", "diff vs dequant", "diff vs exact", "time")
-    body = [(r.backend, r.device, r.layout, f"{r.diff_dequantized:.2e}", f"{r.diff_unquantized:.2e}",
+    body = [(r.backend, r.device, r.layout, r.note) if r.note else
+            (r.backend, r.device, r.layout, f"{r.diff_dequantized:.2e}", f"{r.diff_unquantized:.2e}",
              f"{r.seconds * 1e3:.1f} ms") for r in rows]
-    widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
+    widths = [max(len(str(row[i])) for row in [header, *body] if len(row) == len(header) or i < 3)
+              for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [header, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -20,7 +20,7 @@ from .contract import OpContract
 from .errors import NoKernelError
 from .prepare import to_backend
 from .providers import Inputs, Provider, first_accepting
-from .registry import Selection, _forced, common_device, registry, select_backend
+from .registry import _REGISTRY, Selection, _forced, common_device, registry, select_backend
 from .tensors import PreparedTensor, QuantTensor
 
 #: plans kept before the cache is reset (a guard against unbounded growth, not an LRU)
@@ -137,8 +137,8 @@ def _make_plan(contract: OpContract, inputs: Inputs) -> Plan:
             changes = {}
             for arg in _args:  # a loop, not a comprehension: keeps the warning's call site simple
                 changes[arg] = to_backend(contract, arg, getattr(call, arg), selection, implicit=True)
-            return attrs.evolve(call, **changes)
-    converted = attrs.evolve(inputs, **probe) if probe else inputs
+            return call.replace(**changes)
+    converted = inputs.replace(**probe) if probe else inputs
     candidates = tuple(registry().providers(contract.name, selection.backend.name))
     plan = Plan(contract, selection, convert, candidates)
     if not any(p.shape_dependent for p in candidates):
@@ -152,22 +152,26 @@ def _make_plan(contract: OpContract, inputs: Inputs) -> Plan:
 
 def plan_for(contract: OpContract, inputs: Inputs) -> Plan:
     """The cached plan for calls with this signature (built on first use)."""
-    plans, _ = _caches()
     key = (contract.name, _forced.get(), inputs.signature())
-    plan = plans.get(key)
-    if plan is None:
+    plan = _plans.get(key)
+    if plan is None or _REGISTRY.generation != _generation:
+        plans, _ = _caches()
         plan = plans[key] = _make_plan(contract, inputs)
     return plan
 
 
 def run(contract: OpContract, inputs: Inputs) -> Any:
     """Run one validated call: convert unprepared operands (counted), then the chosen provider."""
-    plan = plan_for(contract, inputs)
+    return run_plan(plan_for(contract, inputs), inputs)
+
+
+def run_plan(plan: Plan, inputs: Inputs) -> Any:
+    """`run` with the plan already looked up (an op that first needs the backend, e.g. its alignment)."""
     if plan.convert is not None:
         inputs = plan.convert(inputs)
     provider = plan.provider_for(inputs)
     if _trace is not None:
-        _trace.append((contract.name, provider.backend, provider.name))
+        _trace.append((provider.op, provider.backend, provider.name))
     return provider.fn(inputs)
 
 

@@ -26,7 +26,6 @@ from .formats import PLAIN, Format
 from .gemm import GemmInputs, check_gemm_output, check_shared_k, fp8_gemm_nt_kernel, gemm_reference
 from .layouts.constants import FP4_E2M1_MAX, MX_BLOCK_K, SCALE_AMAX_FLOOR
 from .layouts.fp4 import e2m1_encode, fp4_scale_from_amax, pack_e2m1
-from .layouts.ue8m0 import is_power_of_two
 from .providers import Inputs
 from .quantization import (FLOAT_INPUT_DTYPES, PLAIN_OUTPUT, CastInputs, check_float_input, consumer,
                            quantize_blocks_reference, quantized_result)
@@ -215,7 +214,7 @@ def _fp4_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | Pr
         raise ContractError(format_problem(contract.name, arg, f"scale of shape {tuple(scale.shape)} for K = {k}",
                                            f"ceil(K/gran_k) columns with gran_k in {FP8_FP4_GRAN_K}",
                                            "quantize with per_token_cast_to_fp4(w, gran_k=32)"))
-    return QuantTensor(data.view(torch.uint8), scale, (1, gran_k), ue8m0=is_power_of_two(scale), element="e2m1")
+    return QuantTensor(data.view(torch.uint8), scale, (1, gran_k), element="e2m1")
 
 
 def _check_recipes(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor | PreparedTensor, recipe: Any,

@@ -22,7 +22,7 @@ import torch
 
 from .checks import check_bool, check_device, check_int, check_tensor, is_int
 from .contract import OpContract, Tolerance, checks_values, public_op, register_contract
-from .dispatch import run, selection_for
+from .dispatch import plan_for, run_plan
 from .errors import ContractError, format_problem
 from .layouts.constants import KV_FP8_BYTES_PER_TOKEN, KV_HEAD_DIM, KV_LATENT_DIM
 from .layouts.kv_cache import dequantize_fp8_kv_cache
@@ -201,6 +201,7 @@ def get_mla_metadata_kernel(call: MlaMetadataInputs) -> tuple[tuple[torch.Tensor
 def flash_mla_with_kvcache_kernel(call: MlaDecodeInputs) -> None:
     """Reference kernel of flash_mla_with_kvcache: the contract math in fp32, written into out and lse
     (the scheduling arguments are unused)."""
+    reject_bad_cache_references(call)
     if call.out.numel() == 0:
         return
     o, s = mla_decode_reference(call.q, call.k_cache, call.block_table, call.cache_seqlens, call.head_dim_v,
@@ -262,8 +263,6 @@ def _check_dense_paging(op: str, k_cache: torch.Tensor, block_table: torch.Tenso
     num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
     max_blocks = block_table.shape[1]
     capacity = max_blocks * block_size
-    if not checks_values(cache_seqlens):
-        return
     bad = (cache_seqlens < 0) | (cache_seqlens > capacity)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
@@ -271,7 +270,8 @@ def _check_dense_paging(op: str, k_cache: torch.Tensor, block_table: torch.Tenso
             op, "cache_seqlens", f"{int(cache_seqlens[i])} for sequence {i}",
             f"0 <= length <= max_blocks·block_size = {max_blocks}·{block_size} = {capacity}",
             "widen block_table or shorten the sequence"))
-    used = torch.arange(max_blocks) < (cache_seqlens.long()[:, None] + block_size - 1) // block_size
+    blocks_used = (cache_seqlens.long()[:, None] + block_size - 1) // block_size
+    used = torch.arange(max_blocks, device=block_table.device) < blocks_used
     bad = used & ((block_table < 0) | (block_table >= num_blocks))
     if bool(bad.any()):
         i, j = (int(v) for v in bad.nonzero()[0])
@@ -279,6 +279,31 @@ def _check_dense_paging(op: str, k_cache: torch.Tensor, block_table: torch.Tenso
             op, "block_table", f"{int(block_table[i, j])} at [{i}, {j}] (a block sequence {i} uses)",
             f"a block index in [0, num_blocks = {num_blocks})",
             "point every used block_table entry at a cache block (unused entries may hold anything)"))
+
+
+def _check_indices_values(op: str, indices: torch.Tensor, k_cache: torch.Tensor) -> None:
+    total = k_cache.shape[0] * k_cache.shape[1]
+    bad = (indices < INVALID_INDEX) | (indices >= total)
+    if bool(bad.any()):
+        at = tuple(int(v) for v in bad.nonzero()[0])
+        raise ContractError(format_problem(
+            op, "indices", f"{int(indices[at])} at {list(at)}",
+            f"-1 or a slot in [0, num_blocks·block_size = {total})",
+            "use block·block_size + offset for valid keys and -1 for none"))
+
+
+def reject_bad_cache_references(call: "MlaDecodeInputs") -> None:
+    """Raise the contract's ContractError for cache references out of range — lengths beyond the
+    block table, used block_table entries outside the cache, sparse indices outside it — where
+    values may be read (see checks_values). These checks read the index tensors, so they run in
+    the provider's own pass: every provider calls this (or finds a bad reference itself and then
+    calls this for the message) before it reads the cache, and never reads out of bounds."""
+    op = FLASH_MLA_WITH_KVCACHE.name
+    if call.indices is not None:
+        if checks_values(call.indices):
+            _check_indices_values(op, call.indices, call.k_cache)
+    elif checks_values(call.cache_seqlens):
+        _check_dense_paging(op, call.k_cache, call.block_table, call.cache_seqlens)
 
 
 def _check_indices(op: str, indices: Any, k_cache: torch.Tensor, b: int, s_q: int, is_fp8_kvcache: bool,
@@ -298,15 +323,6 @@ def _check_indices(op: str, indices: Any, k_cache: torch.Tensor, b: int, s_q: in
     if causal:
         raise ContractError(format_problem(op, "causal", "True with indices (sparse decode)", "causal=False",
                                            "encode visibility in indices (-1 for hidden keys) and pass causal=False"))
-    total = k_cache.shape[0] * k_cache.shape[1]
-    if checks_values(indices):
-        bad = (indices < INVALID_INDEX) | (indices >= total)
-        if bool(bad.any()):
-            at = tuple(int(v) for v in bad.nonzero()[0])
-            raise ContractError(format_problem(
-                op, "indices", f"{int(indices[at])} at {list(at)}",
-                f"-1 or a slot in [0, num_blocks·block_size = {total})",
-                "use block·block_size + offset for valid keys and -1 for none"))
 
 
 def _check_cache(op: str, q: torch.Tensor, k_cache: Any, is_fp8_kvcache: bool) -> None:
@@ -417,9 +433,9 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
                 "sparse decode: num_heads_q given and is_fp8_kvcache=True",
                 "pass num_heads_q=h_q and is_fp8_kvcache=True with topk"))
     inputs = MlaMetadataInputs(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache, topk)
-    backend = selection_for(GET_MLA_METADATA, inputs).backend.name
-    tensors, num_splits = run(GET_MLA_METADATA, inputs)
-    meta = MlaMetadata(backend, int(cache_seqlens.shape[0]), num_q_tokens_per_head_k, num_heads_k, num_heads_q,
+    plan = plan_for(GET_MLA_METADATA, inputs)
+    tensors, num_splits = run_plan(plan, inputs)
+    meta = MlaMetadata(plan.backend, int(cache_seqlens.shape[0]), num_q_tokens_per_head_k, num_heads_k, num_heads_q,
                        is_fp8_kvcache, topk, tuple(tensors), num_splits)
     return meta, num_splits
 
@@ -486,9 +502,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     for arg, value in (("k_cache", k_cache), ("block_table", block_table), ("cache_seqlens", cache_seqlens),
                        ("indices", indices if isinstance(indices, torch.Tensor) else None)):
         check_device(op, arg, value, q.device, like="q")
-    if dense:
-        _check_dense_paging(op, k_cache, block_table, cache_seqlens)
-    else:
+    if not dense:
         _check_indices(op, indices, k_cache, b, s_q, is_fp8_kvcache, causal)
     topk = None if dense else int(indices.shape[2])
     meta = _check_metadata(op, tile_scheduler_metadata, num_splits, b, s_q, h_q, h_kv, is_fp8_kvcache, topk)
@@ -500,10 +514,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         lse = torch.empty(b, h_q, s_q, dtype=LSE_DTYPE, device=q.device)
     inputs = MlaDecodeInputs(q, k_cache, block_table, cache_seqlens, head_dim_v, float(softmax_scale), causal,
                              is_fp8_kvcache, indices, meta, meta.num_splits, out, lse)
-    backend = selection_for(FLASH_MLA_WITH_KVCACHE, inputs).backend.name
-    if meta.backend != backend:
+    plan = plan_for(FLASH_MLA_WITH_KVCACHE, inputs)
+    if meta.backend != plan.backend:
         raise ContractError(format_problem(op, "tile_scheduler_metadata", f"computed by backend {meta.backend!r}",
-                                           f"metadata of backend {backend!r}, which runs this call",
+                                           f"metadata of backend {plan.backend!r}, which runs this call",
                                            "call get_mla_metadata under the same backend (and device) as the decode"))
-    run(FLASH_MLA_WITH_KVCACHE, inputs)
+    run_plan(plan, inputs)
     return out, lse

@@ -26,6 +26,8 @@ from .tensors import PreparedTensor, QuantTensor
 
 def backend_params(backend: Backend, options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """The options a prepared operand records: those its backend declares, sorted."""
+    if not backend.options:
+        return ()
     return tuple(sorted((k, v) for k, v in options.items() if k in backend.options))
 
 

@@ -13,6 +13,7 @@ shapes, the provider's `limits` and `shape_class`. So a shape-dependent `check` 
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, ClassVar, Hashable, Iterable, Mapping
 
 import attrs
@@ -25,6 +26,7 @@ KernelFn = Callable[[Any], Any]
 CheckFn = Callable[[Any], Iterable[str]]
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
+_GETTERS: dict[type, Callable[[Any], tuple]] = {}
 
 
 def _fields(cls: type) -> tuple[str, ...]:
@@ -34,20 +36,48 @@ def _fields(cls: type) -> tuple[str, ...]:
     return names
 
 
+#: field annotations that are sizes or numbers only, never part of a selection key
+_NUMBER_ANNOTATIONS = ("int", "float")
+
+
+def _getter(cls: type) -> Callable[[Any], tuple]:
+    """attrgetter of the fields of an inputs class that can enter its signature (one C call returns
+    them all); plain `int` / `float` fields (sizes, scales) are left out."""
+    getter = _GETTERS.get(cls)
+    if getter is None:
+        names = tuple(a.name for a in attrs.fields(cls) if str(a.type) not in _NUMBER_ANNOTATIONS) or ("__class__",)
+        single = operator.attrgetter(*names)
+        getter = _GETTERS[cls] = single if len(names) > 1 else (lambda obj: (single(obj),))
+    return getter
+
+
+# how a field value enters the signature, by exact type: 0 as is, 1 tensor, 2 its .signature, 3 only its type
+_KIND = {type(None): 0, bool: 0, str: 0, torch.dtype: 0, Format: 0, torch.Tensor: 1, PreparedTensor: 2,
+         QuantTensor: 2, int: 3, float: 3, tuple: 4}
+#: element types of a tuple that is kept as is (e.g. a granularity (1, 128))
+_PLAIN_ITEMS = (int, bool, str, float, type(None))
+
+
 def _signature_of(value: Any) -> Hashable:
     """The part of one field that selection may depend on (sizes and numbers are left out)."""
-    if value is None or isinstance(value, (bool, str, torch.dtype, Format)):
+    kind = _KIND.get(type(value))
+    if kind == 1:
+        return (value.dtype, value.device)
+    if kind == 0:
+        return value
+    if kind == 2:
+        return value.signature
+    if kind == 3:
+        return type(value)
+    if kind == 4 and all(type(v) in _PLAIN_ITEMS for v in value):
         return value
     if isinstance(value, torch.Tensor):
         return (value.dtype, value.device)
-    if isinstance(value, (PreparedTensor, QuantTensor)):
-        return value.signature
-    if isinstance(value, (int, float)):
-        return type(value)
     if isinstance(value, (tuple, list)):
         return tuple(_signature_of(v) for v in value)
-    signature = getattr(value, "signature", None)
-    return (type(value).__name__, signature)
+    if isinstance(value, (bool, str, torch.dtype, Format)):
+        return value
+    return (type(value).__name__, getattr(value, "signature", None))
 
 
 class Inputs:
@@ -72,19 +102,36 @@ class Inputs:
         return {}
 
     def signature(self) -> tuple:
-        """What selection caches on: per field its Format/dtype/device or flag value, never sizes."""
-        return tuple(_signature_of(getattr(self, name)) for name in _fields(type(self)))
+        """What selection caches on: per field its Format/dtype/device or flag value, never sizes
+        (fields annotated plain `int` or `float` are left out)."""
+        out = []
+        for value in _getter(type(self))(self):
+            kind = _KIND.get(type(value))
+            if kind == 1:
+                out.append((value.dtype, value.device))
+            elif kind == 0:
+                out.append(value)
+            elif kind == 2:
+                out.append(value.signature)
+            else:
+                out.append(_signature_of(value))
+        return tuple(out)
 
     def operands(self) -> dict[str, Any]:
         """Every field by name (what provider format/dtype declarations refer to)."""
         return {name: getattr(self, name) for name in _fields(type(self))}
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with some fields changed (like attrs.evolve, without its per-call introspection)."""
+        names = _fields(type(self))
+        return type(self)(*[changes.get(name, getattr(self, name)) for name in names])
 
     def decoded(self) -> Any:
         """The same call with every prepared operand decoded to the PLAIN format (fp32 row-major
         scales, ND data): what the contract's reference kernel reads."""
         changes = {name: decode_operand(value) for name, value in self.operands().items()
                    if isinstance(value, PreparedTensor) and value.format is not PLAIN}
-        return attrs.evolve(self, **changes) if changes else self
+        return self.replace(**changes) if changes else self
 
 
 @attrs.frozen

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .checks import check_bool, check_int
 from .contract import OpContract, QuantArg, Tolerance, get_contract, public_op, quant_operand, register_contract
-from .dispatch import plan_for, run, selection_for
+from .dispatch import plan_for, run_plan
 from .errors import ContractError, format_problem
 from .formats import PLAIN, Format, as_quant
 from .layouts.constants import FP8_E4M3_MAX
@@ -60,8 +60,8 @@ def dequantize_reference(qt: QuantTensor) -> torch.Tensor:
 
 def dequantized(operand: PreparedTensor) -> torch.Tensor:
     """fp32 values of an operand in the PLAIN format (what reference kernels read)."""
-    return dequantize_reference(QuantTensor(operand.data, operand.scale, operand.storage_granularity,
-                                            element=operand.element))
+    return dequantize_reference(QuantTensor.unchecked(operand.data, operand.scale, operand.storage_granularity,
+                                                      operand.ue8m0, operand.element))
 
 
 @attrs.frozen
@@ -126,20 +126,26 @@ def quantized_result(contract: OpContract, make: Callable[[Format], Inputs], sha
     in the Format the selected backend stores the consumer's argument in — emitted directly when a
     provider writes that Format, else quantized to PLAIN and converted (never counted as implicit)."""
     inputs = make(PLAIN)
+    plan = plan_for(contract, inputs)
     if target is None:
-        data, scale = run(contract, inputs)
-        return QuantTensor(data, scale, granularity, ue8m0=ue8m0, element=element)
-    selection = selection_for(contract, inputs)
+        data, scale = run_plan(plan, inputs)
+        return QuantTensor.unchecked(data, scale, granularity, ue8m0, element)
+    selection = plan.selection
     backend = selection.backend
     fmt = backend.format_for(target.name, target.quant_arg(arg), selection.options)
-    if fmt is not PLAIN and (ue8m0 or not fmt.requires_pow2):
+    params = backend_params(backend, dict(selection.options)) if backend.options else ()
+    if fmt is PLAIN:  # the quantizer's own output is the consumer's bytes
+        data, scale = run_plan(plan, inputs)
+        return PreparedTensor(data, scale, PLAIN, backend.name, shape, granularity, granularity, ue8m0, element,
+                              params)
+    if ue8m0 or not fmt.requires_pow2:
         direct = make(fmt)
-        plan = plan_for(contract, direct)
-        if plan.accepts(direct):
-            data, scale = run(contract, direct)
+        direct_plan = plan_for(contract, direct)
+        if direct_plan.accepts(direct):
+            data, scale = run_plan(direct_plan, direct)
             return PreparedTensor(data, scale, fmt, backend.name, shape, granularity, fmt.storage_granularity(granularity),
-                                  ue8m0 or fmt.requires_pow2, element, backend_params(backend, dict(selection.options)))
-    data, scale = run(contract, inputs)
+                                  ue8m0 or fmt.requires_pow2, element, params)
+    data, scale = run_plan(plan, inputs)
     return to_backend(target, arg, QuantTensor(data, scale, granularity, ue8m0=ue8m0, element=element), selection,
                       implicit=False)
 

@@ -18,6 +18,7 @@ FP8_DTYPE = torch.float8_e4m3fn
 
 #: element formats a QuantTensor can carry; "e2m1" data is packed two codes per byte along K.
 ELEMENT_FORMATS = ELEMENTS
+_ELEMENT_DTYPES = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.uint8}
 
 
 def describe(x: object) -> str:
@@ -62,7 +63,8 @@ class QuantTensor:
     data:  fp8 e4m3 [..., MN, K] (or, for element "e2m1", uint8 [..., MN, K/2] two codes per byte)
     scale: fp32 [..., ceil(MN/gran_mn), ceil(K/gran_k)], row-major; value = data * scale of its block
     granularity: (gran_mn, gran_k), e.g. (1, 128) for activations, (128, 128) for weights
-    ue8m0: True when every scale is a power of two (representable in exponent-only formats)
+    ue8m0: True when every scale is known to be a power of two (quantized with use_ue8m0); False
+           means not known, and a Format that stores exponents only checks the values when converting
 
     Unpacks as `(data, scale)` so it can be passed wherever DeepGEMM takes a tuple.
     """
@@ -76,27 +78,45 @@ class QuantTensor:
     signature: tuple = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.element not in ELEMENT_FORMATS:
-            raise ContractError(f"QuantTensor: element {self.element!r} is unknown; use one of {ELEMENT_FORMATS}.")
-        want = FP8_DTYPE if self.element == "e4m3" else torch.uint8
-        if not isinstance(self.data, torch.Tensor) or self.data.dtype != want:
-            raise ContractError(f"QuantTensor: data is {describe(self.data)}; expected {want} for element "
-                                f"{self.element!r}. Fix: quantize with per_token_cast_to_fp8 / per_block_cast_to_fp8.")
-        if not isinstance(self.scale, torch.Tensor) or self.scale.dtype != torch.float32:
-            raise ContractError(f"QuantTensor: scale is {describe(self.scale)}; expected float32 scales.")
-        if self.data.dim() < 2:
-            raise ContractError(f"QuantTensor: data has {self.data.dim()} dims; expected at least 2 ([MN, K]).")
+        data, scale, element = self.data, self.scale, self.element
+        want = _ELEMENT_DTYPES.get(element)
+        if want is None:
+            raise ContractError(f"QuantTensor: element {element!r} is unknown; use one of {ELEMENT_FORMATS}.")
+        if not isinstance(data, torch.Tensor) or data.dtype != want:
+            raise ContractError(f"QuantTensor: data is {describe(data)}; expected {want} for element "
+                                f"{element!r}. Fix: quantize with per_token_cast_to_fp8 / per_block_cast_to_fp8.")
+        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+            raise ContractError(f"QuantTensor: scale is {describe(scale)}; expected float32 scales.")
+        shape = data.shape
+        if len(shape) < 2:
+            raise ContractError(f"QuantTensor: data has {data.dim()} dims; expected at least 2 ([MN, K]).")
         gm, gk = self.granularity
         if gm < 1 or gk < 1:
             raise ContractError(f"QuantTensor: granularity {self.granularity} must be positive.")
-        expect = self.scale_shape_for(tuple(self.shape), self.granularity)
-        if tuple(self.scale.shape) != expect:
-            raise ContractError(f"QuantTensor: scale has shape {tuple(self.scale.shape)}; expected {expect} for data "
+        k = shape[-1] * 2 if element == "e2m1" else shape[-1]
+        have = scale.shape
+        if len(have) != len(shape) or have[-2] != -(-shape[-2] // gm) or have[-1] != -(-k // gk) \
+                or have[:-2] != shape[:-2]:
+            expect = self.scale_shape_for(tuple(self.shape), (gm, gk))
+            raise ContractError(f"QuantTensor: scale has shape {tuple(have)}; expected {expect} for data "
                                 f"of logical shape {tuple(self.shape)} and granularity {self.granularity}.")
-        if self.scale.device != self.data.device:
-            raise ContractError(f"QuantTensor: scale is on {self.scale.device} but data on {self.data.device}.")
+        device = data.device
+        if scale.device != device:
+            raise ContractError(f"QuantTensor: scale is on {scale.device} but data on {device}.")
         object.__setattr__(self, "granularity", (int(gm), int(gk)))
-        object.__setattr__(self, "signature", ("quant", self.granularity, self.ue8m0, self.element, self.data.device))
+        object.__setattr__(self, "signature", ("quant", self.granularity, self.ue8m0, element, device))
+
+    @classmethod
+    def unchecked(cls, data: torch.Tensor, scale: torch.Tensor, granularity: tuple[int, int], ue8m0: bool,
+                  element: str) -> "QuantTensor":
+        """A QuantTensor without the constructor's checks, for values the library has just checked
+        or produced (a raw tuple's validated parts; a quantizer provider's outputs, which
+        conformance checks against the references): the hot path of activations."""
+        qt = object.__new__(cls)
+        for name, value in (("data", data), ("scale", scale), ("granularity", granularity), ("ue8m0", ue8m0),
+                            ("element", element), ("signature", ("quant", granularity, ue8m0, element, data.device))):
+            object.__setattr__(qt, name, value)
+        return qt
 
     @staticmethod
     def scale_shape_for(shape: tuple[int, ...], granularity: tuple[int, int]) -> tuple[int, ...]:

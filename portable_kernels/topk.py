@@ -13,6 +13,7 @@ over the input and a host sync, the price of an exact contract.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -32,6 +33,7 @@ END_DTYPE = torch.int32
 MAX_TOPK = 4096
 DEFAULT_IDX_FILL = 2**31 - 1
 DEFAULT_VALUE_FILL = float("-inf")
+_INDEX_BOUNDS = {dtype: (torch.iinfo(dtype).min, torch.iinfo(dtype).max) for dtype in INDEX_DTYPES}
 
 
 def topk_reference(input: torch.Tensor, topk: int, end: torch.Tensor | None = None, sorted: bool = False,
@@ -100,8 +102,27 @@ class TopkInputs(Inputs):
         return {"b": b, "n": n, "topk": self.topk}
 
 
+def reject_nan(input: torch.Tensor, end: torch.Tensor | None) -> None:
+    """Raise the contract's ContractError if a row holds NaN inside its valid range (where values
+    may be read, see checks_values). The NaN rule costs a pass over the data, so it is checked in
+    the provider's own pass: every provider calls this (or finds NaN itself and then calls this
+    for the message) before it returns."""
+    if not checks_values(input):
+        return  # reading device memory would synchronize; see contract.checks_values
+    nan = torch.isnan(input)
+    if end is not None:
+        nan &= torch.arange(input.shape[1], device=input.device)[None, :] < end[:, None].to(torch.int64)
+    if bool(nan.any()):
+        row, col = (int(v) for v in nan.nonzero()[0])
+        raise ContractError(format_problem(TOPK.name, "input", f"NaN inside the valid range ({int(nan.sum())} NaN, "
+                                           f"first at [{row}, {col}])", "no NaN in the first end[i] elements of row i",
+                                           "replace NaN before selecting (torch.nan_to_num(x, nan=float('-inf'))) "
+                                           "or exclude those columns with end"))
+
+
 def topk_kernel(call: TopkInputs) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """Reference kernel of topk: returns (values | None, indices)."""
+    """Reference kernel of topk: refuses NaN in a valid range, returns (values | None, indices)."""
+    reject_nan(call.input, call.end)
     return topk_reference(call.input, call.topk, call.end, call.sorted, call.sorted_index, call.indices_type,
                           call.idx_oob_fill_value, call.value_oob_fill_value, call.return_value)
 
@@ -113,6 +134,17 @@ def _check_input(op: str, input: Any) -> None:
     if not isinstance(input, torch.Tensor) or input.dtype not in INPUT_DTYPES or input.dim() != 2:
         raise ContractError(format_problem(op, "input", describe(input), f"a 2-D tensor [b, n] of dtype {INPUT_DTYPES}",
                                            "pass scores as bf16 or fp32 [batch, vocab] (x.float() for others)"))
+
+
+def _check_value_fill(op: str, value: Any, dtype: torch.dtype) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ContractError(format_problem(op, "value_oob_fill_value", repr(value), "a float",
+                                           "pass e.g. float('-inf')"))
+    limit = torch.finfo(dtype).max
+    if math.isfinite(value) and abs(value) > limit:
+        raise ContractError(format_problem(op, "value_oob_fill_value", repr(value),
+                                           f"a value {dtype} can hold (|v| <= {limit:.4g}) or ±inf",
+                                           "pass float('-inf') or a smaller fill"))
 
 
 def _check_end(op: str, end: Any, b: int, n: int, device: torch.device) -> None:
@@ -128,20 +160,6 @@ def _check_end(op: str, end: Any, b: int, n: int, device: torch.device) -> None:
         lo, hi = int(end.min()), int(end.max())
         raise ContractError(format_problem(op, "end", f"with values in [{lo}, {hi}]", f"values in [0, n = {n}]",
                                            "clamp the row lengths to the input's width"))
-
-
-def _check_no_nan(op: str, input: torch.Tensor, end: torch.Tensor | None) -> None:
-    if not checks_values(input):
-        return  # reading device memory would synchronize; see contract.checks_values
-    nan = torch.isnan(input)
-    if end is not None:
-        nan &= torch.arange(input.shape[1], device=input.device)[None, :] < end[:, None].to(torch.int64)
-    if bool(nan.any()):
-        row, col = (int(v) for v in nan.nonzero()[0])
-        raise ContractError(format_problem(op, "input", f"NaN inside the valid range ({int(nan.sum())} NaN, first at "
-                                           f"[{row}, {col}])", "no NaN in the first end[i] elements of row i",
-                                           "replace NaN before selecting (torch.nan_to_num(x, nan=float('-inf'))) "
-                                           "or exclude those columns with end"))
 
 
 @public_op(TOPK)
@@ -160,7 +178,7 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: None = Non
         (the value fill is stored in input's dtype, rounded as a cast rounds)
     return_value: False returns (None, indices)
     Returns (values: input.dtype [b, topk] | None, indices: indices_type [b, topk]); a NaN in a valid
-    range raises ContractError before anything runs.
+    range raises ContractError (found in the provider's pass over the data, see reject_nan).
     """
     op = TOPK.name
     _check_input(op, input)
@@ -177,18 +195,16 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: None = Non
     if begin is not None:
         raise ContractError(format_problem(op, "begin", describe(begin), "None (per-row start offsets are not "
                                            "supported, as in DeepSelect)", "slice the input, or pass end only"))
-    if indices_type not in INDEX_DTYPES:
+    bounds = _INDEX_BOUNDS.get(indices_type)
+    if bounds is None:
         raise ContractError(format_problem(op, "indices_type", repr(indices_type), f"one of {INDEX_DTYPES}",
                                            "pass torch.int32 or torch.int64"))
-    info = torch.iinfo(indices_type)
-    if isinstance(idx_oob_fill_value, bool) or not isinstance(idx_oob_fill_value, int) \
-            or not info.min <= idx_oob_fill_value <= info.max:
+    if type(idx_oob_fill_value) is not int or not bounds[0] <= idx_oob_fill_value <= bounds[1]:
         raise ContractError(format_problem(op, "idx_oob_fill_value", repr(idx_oob_fill_value),
                                            f"an int representable in {indices_type}", "pass e.g. -1 or 2**31 - 1"))
-    if isinstance(value_oob_fill_value, bool) or not isinstance(value_oob_fill_value, (int, float)):
-        raise ContractError(format_problem(op, "value_oob_fill_value", repr(value_oob_fill_value), "a float",
-                                           "pass e.g. float('-inf')"))
-    _check_end(op, end, b, n, input.device)
-    _check_no_nan(op, input, end)
+    if value_oob_fill_value != DEFAULT_VALUE_FILL:
+        _check_value_fill(op, value_oob_fill_value, input.dtype)
+    if end is not None:
+        _check_end(op, end, b, n, input.device)
     return run(TOPK, TopkInputs(input, topk, end, sorted, sorted_index, indices_type, idx_oob_fill_value,
                                 float(value_oob_fill_value), return_value))

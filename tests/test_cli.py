@@ -15,7 +15,12 @@ def test_demo_prints_a_row_per_runnable_backend(capsys):
 
 
 def test_demo_results_are_within_contract():
-    for row in run_demo(m=4, n=128, k=384):
+    rows = run_demo(m=4, n=128, k=384)
+    assert any(row.backend == "cpu" and not row.note for row in rows)
+    for row in rows:
+        if row.note:  # a backend without the demo's ops (e.g. a partial plugin) is reported, not run
+            assert row.note.startswith("skipped:") and row.backend not in ("cpu", "nvidia", "ascend")
+            continue
         assert row.diff_dequantized < 1e-5 and row.diff_unquantized < 2e-3
 
 

@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..layouts.fp4 import unpack_e2m1
 from ..numerics import calc_diff
 from ..quantization import dequantize_reference
 from ..tensors import QuantTensor
-from .core import CaseFailure
+from ..contract import checks_values
+from ..errors import ContractError
+from .core import CaseFailure, CaseNotApplicable
+
+
+def assert_refused(call: Callable[[], object], arg: str, *tensors: torch.Tensor) -> float:
+    """`call()` raises a ContractError naming argument `arg` (a value check every provider must
+    make); not applicable where value checks are off (accelerators without PK_CHECK_VALUES=1)."""
+    if not checks_values(*tensors):
+        raise CaseNotApplicable("value checks are off on this device (set PK_CHECK_VALUES=1 to run this case)")
+    try:
+        call()
+    except ContractError as exc:
+        if f"'{arg}'" not in str(exc):
+            raise CaseFailure(f"refused, but the error does not name argument '{arg}': {exc}") from exc
+        return 0.0
+    raise CaseFailure(f"accepted a bad '{arg}' without a ContractError")
 
 
 def assert_written(out: torch.Tensor, what: str = "output") -> None:

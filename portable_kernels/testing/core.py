@@ -24,6 +24,11 @@ class CaseFailure(AssertionError):
     """A conformance case produced a result outside its op's contract."""
 
 
+class CaseNotApplicable(Exception):
+    """A case does not apply where it runs (e.g. a value check on a device where value checks are
+    off); reported as unsupported with the reason."""
+
+
 @attrs.frozen
 class Case:
     """One reproducible check: op, a label naming the shape/edge, the seed, and the check itself."""
@@ -144,7 +149,7 @@ def _run_case(case: Case, device: torch.device) -> tuple[str, float | str, list[
     with trace_providers() as ran:
         try:
             return "pass", float(case.run(device)), ran
-        except (NoKernelError, LayoutError) as exc:
+        except (NoKernelError, LayoutError, CaseNotApplicable) as exc:
             return "unsupported", str(exc), ran
         except Exception as exc:  # every other outcome is a failure of the backend under test
             return "fail", f"{type(exc).__name__}: {exc}", ran

@@ -17,7 +17,7 @@ from ..mla import (FLASH_MLA_WITH_KVCACHE, HEAD_DIM_V, INVALID_INDEX, LSE_ABS_TO
                    OUT_REL_TOL, MlaMetadata, flash_mla_with_kvcache, get_mla_metadata, mla_decode_reference)
 from ..registry import forced_backend
 from ..tensors import cdiv
-from .checks import assert_close
+from .checks import assert_close, assert_refused
 from .core import Case, CaseFailure, conformance_cases
 from .generators import generator, poison, randn
 
@@ -207,12 +207,37 @@ def _decode_case(shape: DecodeShape, seed: int, device: torch.device) -> float:
     return error
 
 
+def _refusal_case(defect: str, seed: int, device: torch.device) -> float:
+    """A cache reference out of range is refused (every provider checks before it reads the cache)."""
+    fp8 = defect == "indices"
+    sequences = random_kv((70, 130), 1, 576, seed=seed)
+    paged = build_paged_cache(sequences, 64, seed=seed, fp8=fp8).to(device)
+    q = randn(2, 1, 16, 576, seed=seed + 1, dtype=torch.bfloat16, device=device)
+    block_table, seqlens, indices = paged.block_table.clone(), paged.cache_seqlens.clone(), None
+    if defect == "cache_seqlens":
+        seqlens[1] = block_table.shape[1] * 64 + 1
+    elif defect == "block_table":
+        block_table[1, 1] = paged.k_cache.shape[0]  # a block sequence 1 uses, one past the cache
+    else:
+        indices = random_indices(paged, 1, 8, seed=seed + 2)[0].to(device)
+        indices[0, 0, 3] = paged.k_cache.shape[0] * 64
+    topk = None if indices is None else 8
+    meta, splits = get_mla_metadata(seqlens, 16, 1, 16, fp8, topk)
+    return assert_refused(lambda: flash_mla_with_kvcache(q, paged.k_cache, block_table, seqlens, HEAD_DIM_V, meta,
+                                                         splits, is_fp8_kvcache=fp8, indices=indices),
+                          defect, block_table)
+
+
 @conformance_cases("flash_mla_with_kvcache")
 def flash_mla_cases(quick: bool) -> list[Case]:
     cases = []
     for i, shape in enumerate(QUICK_SHAPES if quick else FULL_SHAPES):
         seed = 4000 + 10 * i
         cases.append(Case("flash_mla_with_kvcache", shape.label(), seed, functools.partial(_decode_case, shape, seed)))
+    for j, defect in enumerate(("cache_seqlens", "block_table", "indices")):
+        seed = 4900 + 10 * j
+        cases.append(Case("flash_mla_with_kvcache", f"refuses an out-of-range {defect}", seed,
+                          functools.partial(_refusal_case, defect, seed)))
     return cases
 
 

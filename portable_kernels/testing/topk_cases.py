@@ -9,6 +9,7 @@ import functools
 import torch
 
 from ..topk import DEFAULT_IDX_FILL, DEFAULT_VALUE_FILL, topk
+from .checks import assert_refused
 from .core import Case, CaseFailure, conformance_cases
 from .generators import generator, randn
 
@@ -154,6 +155,14 @@ FULL = QUICK + [
 ]
 
 
+def _nan_case(dtype: torch.dtype, with_end: bool, seed: int, device: torch.device) -> float:
+    """A NaN inside a row's valid range is refused (the provider's pass finds it)."""
+    x = topk_input(3, 300, "randn", seed, dtype, device)
+    end = torch.tensor([300, 200, 100], dtype=torch.int32, device=device) if with_end else None
+    x[1, 150] = float("nan")
+    return assert_refused(lambda: topk(x, 8, end=end), "input", x)
+
+
 @conformance_cases("topk")
 def topk_cases(quick: bool) -> list[Case]:
     cases = []
@@ -163,4 +172,7 @@ def topk_cases(quick: bool) -> list[Case]:
         label = (f"b={b} n={n} k={k} {kind} {str(dtype)[6:]} end={with_end} order={order} "
                  f"idx={str(itype)[6:]} values={ret}")
         cases.append(Case("topk", label, seed, functools.partial(_case, *spec, seed)))
+    for j, (dtype, with_end) in enumerate(((torch.float32, False), (torch.bfloat16, True))):
+        label = f"refuses NaN in a valid range {str(dtype)[6:]} end={with_end}"
+        cases.append(Case("topk", label, 4900 + j, functools.partial(_nan_case, dtype, with_end, 4900 + j)))
     return cases
