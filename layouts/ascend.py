@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ._util import ceil_div
 from .constants import MX_BLOCK_K
 from .format import ELEMENTS, Decoded, Encoded, Format
@@ -49,6 +51,30 @@ def _decode_nz(operand: Any) -> Decoded:
     return Decoded(nz_to_nd(operand.data, operand.shape[-2], stored_cols), scale, gran)
 
 
+def _mx_scale_problem(operand: Any) -> str | None:
+    if tuple(operand.storage_granularity) != (1, MX_BLOCK_K):
+        return f"storage granularity {operand.storage_granularity} is not (1, {MX_BLOCK_K})"
+    *lead, mn, k = operand.shape
+    words = ceil_div(ceil_div(k, MX_BLOCK_K), ASCEND_BLOCKS_PER_WORD)
+    problem = scale_problem(operand, torch.int16, (*lead, mn, words))
+    if problem is None and not is_ascend_mx_layout(operand.scale):
+        problem = f"scale words have strides {operand.scale.stride()}, not MN-major without padding (ascend_mx_encode)"
+    return problem
+
+
+def _validate(operand: Any) -> str | None:
+    return nd_data_problem(operand) or _mx_scale_problem(operand)
+
+
+def _validate_nz(operand: Any) -> str | None:
+    data = operand.data
+    *lead, mn, _ = operand.shape
+    want = (*lead, *nz_shape(mn, stored_columns(operand), data.dtype))
+    if tuple(data.shape) != want:
+        return f"data has shape {tuple(data.shape)}, expected the NZ tiles {want}"
+    return _mx_scale_problem(operand)
+
+
 def _mx_granularity(granularity: tuple[int, int]) -> tuple[int, int]:
     return (1, MX_BLOCK_K)
 
@@ -66,6 +92,7 @@ ASCEND_MX = Format(
     encode=_encode,
     decode=_decode,
     storage_granularity=_mx_granularity,
+    validate=_validate,
 )
 
 ASCEND_MX_NZ = Format(
@@ -77,5 +104,6 @@ ASCEND_MX_NZ = Format(
     encode=_encode_nz,
     decode=_decode_nz,
     storage_granularity=_mx_granularity,
+    validate=_validate_nz,
     data_layout="FRACTAL_NZ tiles [(G,) ceil(K/C0), ceil(N/16), 16, C0], C0 = 32 bytes of elements",
 )

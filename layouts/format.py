@@ -54,6 +54,8 @@ class Format:
     decode:        stored operand -> Decoded
     storage_granularity: the granularity the storage carries for a logical granularity
     data_layout:   the data bytes in words ("ND, K contiguous" unless said otherwise)
+    validate:      optional: a stored operand -> None, or why its data/scale do not fit this format
+                   (shapes, dtypes, strides; never values), run on hand-built and unpickled operands
     """
 
     name: str
@@ -65,6 +67,7 @@ class Format:
     decode: Callable[[Any], Decoded] = dataclasses.field(repr=False)
     storage_granularity: Callable[[tuple[int, int]], tuple[int, int]] = dataclasses.field(repr=False)
     data_layout: str = "ND, K contiguous"
+    validate: Callable[[Any], str | None] | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -82,6 +85,10 @@ class Format:
 
     def __str__(self) -> str:
         return self.name
+
+    def check(self, operand: Any) -> str | None:
+        """None when `operand`'s data and scale fit this format (shapes, dtypes, strides), else why not."""
+        return None if self.validate is None else self.validate(operand)
 
     def __reduce__(self) -> tuple[Callable[[str], Format], tuple[str]]:
         return format_named, (self.name,)
@@ -114,6 +121,50 @@ def known_formats() -> dict[str, Format]:
 
 
 # ---------------------------------------------------------------------------------------------
+# shape checks shared by the formats' validators
+
+#: the data dtype of each element type (packed E2M1 may also come as int8, DeepGEMM's choice)
+ELEMENT_DTYPES = {"e4m3": (torch.float8_e4m3fn,), "e2m1": (torch.uint8, torch.int8)}
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def stored_columns(operand: Any) -> int:
+    """Columns of the ND data: K, or K/2 for packed E2M1."""
+    k = operand.shape[-1]
+    return k // 2 if operand.element == "e2m1" else k
+
+
+def nd_data_problem(operand: Any) -> str | None:
+    """Why `operand.data` is not ND [..., MN, K] (K/2 bytes for e2m1) of its element's dtype, or None."""
+    data = operand.data
+    if data.dtype not in ELEMENT_DTYPES[operand.element]:
+        return f"data is {data.dtype}, not the {operand.element} dtype {ELEMENT_DTYPES[operand.element][0]}"
+    want = (*operand.shape[:-1], stored_columns(operand))
+    if tuple(data.shape) != want:
+        return f"data has shape {tuple(data.shape)}, expected {want} for logical shape {tuple(operand.shape)}"
+    return None
+
+
+def scale_problem(operand: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> str | None:
+    """Why `operand.scale` is not a `dtype` tensor of `shape`, or None."""
+    scale = operand.scale
+    if not isinstance(scale, torch.Tensor) or scale.dtype != dtype:
+        return f"scale is {getattr(scale, 'dtype', type(scale).__name__)}, expected {dtype}"
+    if tuple(scale.shape) != tuple(shape):
+        return f"scale has shape {tuple(scale.shape)}, expected {tuple(shape)}"
+    return None
+
+
+def block_scale_shape(operand: Any) -> tuple[int, ...]:
+    """[..., ceil(MN/gm), ceil(K/gk)] for the storage granularity (gm, gk)."""
+    gm, gk = operand.storage_granularity
+    return (*operand.shape[:-2], ceil_div(operand.shape[-2], gm), ceil_div(operand.shape[-1], gk))
+
+
+# ---------------------------------------------------------------------------------------------
 # PLAIN: the logical form itself
 
 
@@ -129,6 +180,13 @@ def _same_granularity(granularity: tuple[int, int]) -> tuple[int, int]:
     return tuple(granularity)
 
 
+def _plain_validate(operand: Any) -> str | None:
+    problem = nd_data_problem(operand) or scale_problem(operand, torch.float32, block_scale_shape(operand))
+    if problem is None and not operand.scale.is_contiguous():
+        problem = f"scale has strides {operand.scale.stride()}, expected row-major contiguous"
+    return problem
+
+
 #: data as quantized and fp32 scales row-major `[..., ceil(MN/gran_mn), ceil(K/gran_k)]`, contiguous —
 #: what the references read, and the default Format of a backend that declares none
 PLAIN = Format(
@@ -140,4 +198,5 @@ PLAIN = Format(
     encode=_plain_encode,
     decode=_plain_decode,
     storage_granularity=_same_granularity,
+    validate=_plain_validate,
 )

@@ -120,6 +120,8 @@ def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
     # puts c1 in the high nibble of the low byte (c0 < 16, so nothing else lands there), and
     # narrowing each int16 to uint8 keeps that low byte. Shifting four pairs at once as one int64
     # gives the same int16 halves (a nibble crossing into the next pair lands in its high byte).
+    if codes.numel() == 0:
+        return torch.empty((*codes.shape[:-1], codes.shape[-1] // 2), dtype=torch.uint8, device=codes.device)
     codes = codes.contiguous()
     wide = torch.int64 if codes.shape[-1] % 8 == 0 else torch.int16
     words = codes.view(wide)

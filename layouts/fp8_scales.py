@@ -99,6 +99,8 @@ def _mn_major_words(
     """
     g, rows, kb = e.shape
     words = ceil_div(kb, per_word)
+    if words == 0 or rows == 0:  # nothing to pack (K = 0 or no rows): zero storage of the right shape
+        return torch.zeros((g, words, mn_stride), dtype=word_dtype, device=e.device)[:, :, :mn].transpose(1, 2)
     # Row-major words first: narrowing to bytes and padding K to whole words in one copy.
     row_bytes = torch.empty((g, rows, words * per_word), dtype=torch.uint8, device=e.device)
     row_bytes[:, :, :kb].copy_(e)
@@ -130,6 +132,9 @@ def _mn_major_exponents(
             f"ceil({num_k_blocks}/{per_word}) = {ceil_div(num_k_blocks, per_word)}; "
             "pass the K-block count used to encode"
         )
+    if words == 0 or mn == 0:
+        sf = torch.empty((g, mn, num_k_blocks), dtype=torch.float32, device=p.device)
+        return sf if grouped else sf[0]
     byte_rows = p.transpose(1, 2).contiguous().view(torch.uint8).view(g, words, mn, per_word)
     e = byte_rows.permute(0, 2, 1, 3).reshape(g, mn, words * per_word)
     if bool(e[:, :, num_k_blocks:].any()):
@@ -141,7 +146,9 @@ def _mn_major_exponents(
 
 
 def _has_strides(t: torch.Tensor, expected: tuple[int, ...]) -> bool:
-    """Strides match where they matter (dims of size 1 may carry any stride)."""
+    """Strides match where they matter (dims of size 1 may carry any stride; an empty tensor any)."""
+    if t.numel() == 0:
+        return True
     return all(size == 1 or stride == want for size, stride, want in zip(t.shape, t.stride(), expected))
 
 
@@ -298,7 +305,9 @@ def regranularize_k(sf: torch.Tensor, k: int, from_gran: int, to_gran: int) -> t
 
     Works on any dtype (fp32 scales or uint8 exponents).
     """
-    for name, v in (("k", k), ("from_gran", from_gran), ("to_gran", to_gran)):
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise LayoutConversionError(f"k must be an int >= 0, got {k!r}")
+    for name, v in (("from_gran", from_gran), ("to_gran", to_gran)):
         require_positive_int(name, v)
     require_ndim("sf", sf, (2, 3), "[MN, ceil(K/from_gran)] or [G, MN, ceil(K/from_gran)]")
     n_in, n_out = ceil_div(k, from_gran), ceil_div(k, to_gran)

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ._util import ceil_div
-from .format import ELEMENTS, Decoded, Encoded, Format
-from .fp8_scales import (sm90_sfa_decode, sm90_sfa_encode, sm90_sfb_decode, sm90_sfb_encode, sm100_ue8m0_decode,
-                         sm100_ue8m0_encode_from_blocks)
+from .format import ELEMENTS, Decoded, Encoded, Format, block_scale_shape, nd_data_problem, scale_problem
+from .constants import SM100_BLOCKS_PER_WORD
+from .fp8_scales import (is_sm90_sfa_layout, is_sm100_ue8m0_layout, sm90_sfa_decode, sm90_sfa_encode, sm90_sfb_decode,
+                         sm90_sfb_encode, sm100_ue8m0_decode, sm100_ue8m0_encode_from_blocks)
 
 
 def _sm90_encode(operand: Any) -> Encoded:
@@ -41,6 +44,29 @@ def _sm100_decode(operand: Any) -> Decoded:
     return Decoded(operand.data, sm100_ue8m0_decode(operand.scale, ceil_div(operand.shape[-1], gran[1])), gran)
 
 
+def _sm90_validate(operand: Any) -> str | None:
+    problem = nd_data_problem(operand) or scale_problem(operand, torch.float32, block_scale_shape(operand))
+    if problem is None:
+        per_row = operand.storage_granularity[0] == 1
+        if per_row and not is_sm90_sfa_layout(operand.scale):
+            problem = f"per-row scales have strides {operand.scale.stride()}, not MN-major TMA-aligned (sm90_sfa_encode)"
+        elif not per_row and not operand.scale.is_contiguous():
+            problem = f"block scales have strides {operand.scale.stride()}, expected contiguous (K-major)"
+    return problem
+
+
+def _sm100_validate(operand: Any) -> str | None:
+    gm, gk = operand.storage_granularity
+    if gm != 1:
+        return f"storage granularity {operand.storage_granularity} is not per row (1, gran_k)"
+    *lead, mn, k = operand.shape
+    words = ceil_div(ceil_div(k, gk), SM100_BLOCKS_PER_WORD)
+    problem = nd_data_problem(operand) or scale_problem(operand, torch.int32, (*lead, mn, words))
+    if problem is None and not is_sm100_ue8m0_layout(operand.scale):
+        problem = f"scale words have strides {operand.scale.stride()}, not MN-major TMA-aligned (sm100_ue8m0_encode)"
+    return problem
+
+
 def _same(granularity: tuple[int, int]) -> tuple[int, int]:
     return tuple(granularity)
 
@@ -59,6 +85,7 @@ SM90 = Format(
     encode=_sm90_encode,
     decode=_sm90_decode,
     storage_granularity=_same,
+    validate=_sm90_validate,
 )
 
 SM100 = Format(
@@ -71,4 +98,5 @@ SM100 = Format(
     encode=_sm100_encode,
     decode=_sm100_decode,
     storage_granularity=_per_row,
+    validate=_sm100_validate,
 )

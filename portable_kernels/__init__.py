@@ -6,7 +6,8 @@ strict layout mode and the implicit-conversion counter, the value types and the 
 """
 
 from .contract import OpContract, QuantArg, Tolerance, contracts, get_contract
-from .conversions import ImplicitConversionWarning, implicit_conversions, reset_implicit_conversions, strict_layouts
+from .conversions import (ImplicitConversionWarning, count_implicit_conversions, implicit_conversions,
+                          reset_implicit_conversions, strict_layouts)
 from .ep import (CombineResult, DispatchHandle, DispatchResult, LowLatencyDispatchResult, LowLatencyHandle,
                  get_dispatch_layout, simulate_combine, simulate_dispatch, simulate_low_latency_combine,
                  simulate_low_latency_dispatch)
@@ -43,7 +44,7 @@ __all__ = [
     "Backend", "BackendUnavailableError", "Format", "Inputs", "Limit", "PLAIN", "ContractError", "ImplicitConversionWarning", "LayoutError",
     "LayoutTag", "NoKernelError", "OpContract", "PortableKernelsError", "PreparedTensor", "Provider",
     "QuantArg", "QuantTensor", "Registry", "Tolerance", "available_backends", "bf16_gemm_nt", "calc_diff",
-    "contracts", "dequantize", "fp8_gemm_nt", "get_contract", "implicit_conversions", "per_block_cast_to_fp8",
+    "contracts", "count_implicit_conversions", "dequantize", "fp8_gemm_nt", "get_contract", "implicit_conversions", "per_block_cast_to_fp8",
     "per_token_cast_to_fp8", "prepare_inputs", "registry", "reset_implicit_conversions", "strict_layouts",
     "use_backend",
 ]

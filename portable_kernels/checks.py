@@ -7,6 +7,7 @@ allows: always on CPU tensors, on accelerators only with PK_CHECK_VALUES=1 (each
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from .contract import checks_values
 from .errors import ContractError, format_problem
 from .tensors import describe
 
-__all__ = ["check_bool", "check_device", "check_finite", "check_int", "check_tensor", "checks_values", "first_bad",
+__all__ = ["check_allocation", "check_bool", "check_device", "device_capacity_bytes", "check_finite", "check_int", "check_tensor", "checks_values", "first_bad",
            "is_int"]
 
 
@@ -60,6 +61,27 @@ def check_device(op: str, arg: str, t: torch.Tensor | None, device: torch.device
     if t is not None and t.device != device:
         raise ContractError(format_problem(op, arg, f"on {t.device}", f"on {device} like {like}",
                                            f"move {arg} to {device}"))
+
+
+def device_capacity_bytes(device: torch.device) -> int | None:
+    """The memory a device holds (CPU: physical RAM; CUDA: the GPU's total memory), None if unknown."""
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).total_memory
+    return None
+
+
+def check_allocation(op: str, arg: str, numel: int, itemsize: int, device: torch.device, fix: str) -> None:
+    """Refuse, before allocating, a size argument that would need more memory than the device holds."""
+    need = numel * itemsize
+    capacity = device_capacity_bytes(device)
+    if capacity is not None and need > capacity:
+        raise ContractError(format_problem(op, arg, f"a size needing {need / 2**30:.3g} GiB",
+                                           f"at most the {capacity / 2**30:.3g} GiB {device} holds", fix))
 
 
 def first_bad(mask: torch.Tensor) -> str:

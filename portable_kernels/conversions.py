@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-from .errors import LayoutError
+from .errors import ContractError, LayoutError, format_problem
 
 STRICT_ENV = "PK_STRICT_LAYOUTS"
 
@@ -31,8 +31,39 @@ class ImplicitConversionWarning(UserWarning):
 
 
 def implicit_conversions() -> int:
-    """How many implicit conversions ops performed since start (or the last reset)."""
+    """How many implicit conversions ops performed since start (or the last reset), process-wide."""
     return _count
+
+
+class ConversionCount:
+    """The implicit conversions counted inside one `count_implicit_conversions()` block."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.by_op: dict[str, int] = {}
+
+    def __int__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"ConversionCount({self.count}, by_op={self.by_op})"
+
+
+_scopes: contextvars.ContextVar[tuple[ConversionCount, ...]] = contextvars.ContextVar(
+    "portable_kernels_conversion_scopes", default=())
+
+
+@contextlib.contextmanager
+def count_implicit_conversions() -> Iterator[ConversionCount]:
+    """Count the implicit conversions of the calls made inside the block (this context only, so
+    threads and tasks do not see each other's), e.g. `with count_implicit_conversions() as n: ...;
+    assert n.count == 0`. Nested blocks all count."""
+    counter = ConversionCount()
+    token = _scopes.set(_scopes.get() + (counter,))
+    try:
+        yield counter
+    finally:
+        _scopes.reset(token)
 
 
 def reset_implicit_conversions() -> None:
@@ -52,6 +83,9 @@ def is_strict() -> bool:
 @contextlib.contextmanager
 def strict_layouts(enabled: bool = True) -> Iterator[None]:
     """Inside the block, implicit conversions raise LayoutError (or are allowed, if enabled=False)."""
+    if not isinstance(enabled, bool):
+        raise ContractError(format_problem("strict_layouts", "enabled", repr(enabled), "a bool",
+                                           "pass True (strict) or False (allow implicit conversions)"))
     token = _strict.set(enabled)
     try:
         yield
@@ -71,6 +105,9 @@ def note_implicit_conversion(op: str, arg: str, backend: str, layout: str) -> No
         _count += 1
         first = op not in _warned
         _warned.add(op)
+    for counter in _scopes.get():
+        counter.count += 1
+        counter.by_op[op] = counter.by_op.get(op, 0) + 1
     if first:
         warnings.warn(
             f"{op}: converting argument '{arg}' to {backend}:{layout} inside the call (counted in "

@@ -22,8 +22,9 @@ def decode_operand(operand: PreparedTensor) -> PreparedTensor:
     if operand.format is PLAIN:
         return operand
     data, scale, granularity = operand.format.decode(operand)
-    return PreparedTensor(data, scale, PLAIN, operand.backend, tuple(operand.shape), tuple(operand.granularity),
-                          tuple(granularity), operand.ue8m0, operand.element, operand.params)
+    return PreparedTensor.unchecked(data, scale, PLAIN, operand.backend, tuple(operand.shape),
+                                    tuple(operand.granularity), tuple(granularity), operand.ue8m0, operand.element,
+                                    operand.params)
 
 
 def as_quant(operand: PreparedTensor) -> QuantTensor:

@@ -28,7 +28,7 @@ from .layouts.constants import FP4_E2M1_MAX, MX_BLOCK_K, SCALE_AMAX_FLOOR
 from .layouts.fp4 import e2m1_encode, fp4_scale_from_amax, pack_e2m1
 from .providers import Inputs
 from .quantization import (FLOAT_INPUT_DTYPES, PLAIN_OUTPUT, CastInputs, check_float_input, consumer,
-                           quantize_blocks_reference, quantized_result)
+                           quantize_blocks_reference, quantized_result, refusing_nonfinite_ue8m0)
 from .tensors import PreparedTensor, QuantTensor, cdiv, describe
 
 #: dtypes DeepGEMM-style raw FP4 tuples may carry their packed bytes in
@@ -126,7 +126,8 @@ class SwigluCastInputs(Inputs):
 
 def fp4_cast_kernel(call: CastInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference kernel of per_token_cast_to_fp4: PLAIN output."""
-    return quantize_fp4_reference(call.x, call.granularity[1], call.use_ue8m0)
+    with refusing_nonfinite_ue8m0("per_token_cast_to_fp4"):
+        return quantize_fp4_reference(call.x, call.granularity[1], call.use_ue8m0)
 
 
 def swiglu_forward_and_per_token_cast_kernel(call: SwigluCastInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,9 +136,10 @@ def swiglu_forward_and_per_token_cast_kernel(call: SwigluCastInputs) -> tuple[to
         valid, _ = swiglu_rows(call.x.shape[0], call.pos_to_token_topk, call.topk_weights, call.pos_to_expert,
                                call.x.device)
         call.clamped_count.add_(swiglu_clamp_counts(call.x, valid, call.swiglu_clamp_value))
-    return swiglu_forward_and_per_token_cast_reference(call.x, call.num_per_channels, call.round_sf,
-                                                       call.pos_to_token_topk, call.topk_weights, call.pos_to_expert,
-                                                       call.swiglu_clamp_value)
+    with refusing_nonfinite_ue8m0("swiglu_forward_and_per_token_cast"):
+        return swiglu_forward_and_per_token_cast_reference(call.x, call.num_per_channels, call.round_sf,
+                                                           call.pos_to_token_topk, call.topk_weights,
+                                                           call.pos_to_expert, call.swiglu_clamp_value)
 
 
 PER_TOKEN_CAST_FP4 = register_contract(OpContract(

@@ -16,7 +16,7 @@ import torch
 
 from .contract import OpContract, get_contract, public_function, quant_operand
 from .conversions import note_implicit_conversion
-from .errors import ContractError, LayoutError
+from .errors import BackendUnavailableError, ContractError, LayoutError
 from .formats import Format
 from .layouts.errors import LayoutConversionError
 from .layouts.ue8m0 import is_power_of_two
@@ -46,9 +46,9 @@ def encode_operand(op: str, arg: str, backend: Backend, fmt: Format, options: di
         data, scale, storage_granularity = fmt.encode(qt)
     except LayoutConversionError as exc:
         raise LayoutError(f"{op}: argument '{arg}' cannot be stored as {backend.name}:{fmt.name}: {exc}") from exc
-    return PreparedTensor(data, scale, fmt, backend.name, tuple(qt.shape), tuple(qt.granularity),
-                          tuple(storage_granularity), qt.ue8m0 or fmt.requires_pow2, qt.element,
-                          backend_params(backend, options))
+    return PreparedTensor.unchecked(data, scale, fmt, backend.name, tuple(qt.shape), tuple(qt.granularity),
+                                    tuple(storage_granularity), qt.ue8m0 or fmt.requires_pow2, qt.element,
+                                    backend_params(backend, options))
 
 
 def to_backend(contract: OpContract, arg: str, value: QuantTensor | PreparedTensor, selection: Selection,
@@ -80,6 +80,24 @@ def _move(value: Any, device: torch.device | None) -> Any:
     return value
 
 
+def _target_device(device: str | torch.device | None) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ContractError(f"prepare_inputs: argument 'device' is {device!r}; expected a torch device such as "
+                            f"'cpu' or 'cuda'. Fix: pass a valid device.") from exc
+    if dev.type != "cpu":
+        module = getattr(torch, dev.type, None)
+        if module is None or not getattr(module, "is_available", lambda: False)():
+            raise BackendUnavailableError(
+                f"prepare_inputs: device {dev} is not available here (torch {torch.__version__} has no usable "
+                f"{dev.type!r} device). Fix: prepare on a machine with that device, or pass backend=... without "
+                f"device to prepare the bytes in emulation on CPU tensors.")
+    return dev
+
+
 def prepare_inputs(op: str | Callable[..., Any], *, device: str | torch.device | None = None,
                    backend: str | None = None, arch: str | None = None, **tensors: Any) -> dict[str, Any]:
     """Return the op's arguments with every quantized one converted into the chosen backend's Format.
@@ -102,7 +120,7 @@ def prepare_inputs(op: str | Callable[..., Any], *, device: str | torch.device |
         if unknown:
             raise ContractError(f"prepare_inputs: {contract.name} has no argument {unknown[0]!r} "
                                 f"(its arguments: {', '.join(params)}).")
-    dev = torch.device(device) if device is not None else None
+    dev = _target_device(device)
     quant_names = {qa.name for qa in contract.quant_args}
     logical: dict[str, QuantTensor | PreparedTensor] = {}
     plain: dict[str, Any] = {}

@@ -8,7 +8,8 @@ checked (that would cost a pass over the data): they make their block's scale an
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import attrs
 import torch
@@ -20,6 +21,7 @@ from .dispatch import plan_for, run_plan
 from .errors import ContractError, format_problem
 from .formats import PLAIN, Format, as_quant
 from .layouts.constants import FP8_E4M3_MAX
+from .layouts.errors import LayoutConversionError
 from .layouts.fp8_scales import fp8_scale_from_amax
 from .prepare import backend_params, to_backend
 from .providers import Inputs
@@ -84,9 +86,24 @@ class CastInputs(Inputs):
         return {"MN": self.x.shape[-2], "K": self.x.shape[-1]}
 
 
+@contextlib.contextmanager
+def refusing_nonfinite_ue8m0(op: str, arg: str = "x") -> Iterator[None]:
+    """Turn the layouts' refusal to round a NaN/Inf scale to UE8M0 into the contract's error: with
+    power-of-two scales, a block holding NaN/Inf has no scale. Quantizer providers use this (or
+    raise the same ContractError from their own pass); conformance holds them to it."""
+    try:
+        yield
+    except LayoutConversionError as exc:
+        raise ContractError(format_problem(
+            op, arg, "a tensor with NaN or Inf values", "finite values when scales are rounded to powers of two",
+            "clamp the input first (e.g. x.clamp(-1e4, 1e4)), or quantize with use_ue8m0=False (its NaN/Inf "
+            "stay in their block)")) from exc
+
+
 def fp8_cast_kernel(call: CastInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference kernel of the FP8 quantizers: PLAIN output."""
-    return quantize_blocks_reference(call.x, call.granularity[0], call.granularity[1], call.use_ue8m0)
+    with refusing_nonfinite_ue8m0("per_token_cast_to_fp8" if call.granularity[0] == 1 else "per_block_cast_to_fp8"):
+        return quantize_blocks_reference(call.x, call.granularity[0], call.granularity[1], call.use_ue8m0)
 
 
 #: what the quantizers' reference kernels emit: the PLAIN format only
@@ -136,15 +153,16 @@ def quantized_result(contract: OpContract, make: Callable[[Format], Inputs], sha
     params = backend_params(backend, dict(selection.options)) if backend.options else ()
     if fmt is PLAIN:  # the quantizer's own output is the consumer's bytes
         data, scale = run_plan(plan, inputs)
-        return PreparedTensor(data, scale, PLAIN, backend.name, shape, granularity, granularity, ue8m0, element,
-                              params)
+        return PreparedTensor.unchecked(data, scale, PLAIN, backend.name, shape, granularity, granularity, ue8m0,
+                                        element, params)
     if ue8m0 or not fmt.requires_pow2:
         direct = make(fmt)
         direct_plan = plan_for(contract, direct)
         if direct_plan.accepts(direct):
             data, scale = run_plan(direct_plan, direct)
-            return PreparedTensor(data, scale, fmt, backend.name, shape, granularity, fmt.storage_granularity(granularity),
-                                  ue8m0 or fmt.requires_pow2, element, params)
+            return PreparedTensor.unchecked(data, scale, fmt, backend.name, shape, granularity,
+                                            fmt.storage_granularity(granularity), ue8m0 or fmt.requires_pow2, element,
+                                            params)
     data, scale = run_plan(plan, inputs)
     return to_backend(target, arg, QuantTensor(data, scale, granularity, ue8m0=ue8m0, element=element), selection,
                       implicit=False)

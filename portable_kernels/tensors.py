@@ -12,7 +12,7 @@ import attrs
 import torch
 
 from .errors import ContractError, LayoutError
-from .layouts.format import ELEMENTS, Format, format_named
+from .layouts.format import ELEMENTS, Format, format_named, known_formats
 
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -175,8 +175,27 @@ class PreparedTensor:
     signature: tuple = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        # a hand-built or unpickled operand is checked against its Format (library code that has
+        # just produced the bytes uses `unchecked`)
+        _check_prepared(self)
         object.__setattr__(self, "signature", ("prepared", self.backend, self.format.name, self.params, self.element,
                                                self.data.dtype, self.data.device))
+
+    @classmethod
+    def unchecked(cls, data: torch.Tensor, scale: torch.Tensor | None, format: Format, backend: str,
+                  shape: tuple[int, ...], granularity: tuple[int, int], storage_granularity: tuple[int, int],
+                  ue8m0: bool = False, element: str = "e4m3",
+                  params: tuple[tuple[str, Any], ...] = ()) -> "PreparedTensor":
+        """A PreparedTensor without the Format check, for bytes the library has just produced (an
+        encode, a provider writing a Format, a decode): the hot path of prepared activations."""
+        p = object.__new__(cls)
+        values = (("data", data), ("scale", scale), ("format", format), ("backend", backend), ("shape", shape),
+                  ("granularity", granularity), ("storage_granularity", storage_granularity), ("ue8m0", ue8m0),
+                  ("element", element), ("params", params),
+                  ("signature", ("prepared", backend, format.name, params, element, data.dtype, data.device)))
+        for name, value in values:
+            object.__setattr__(p, name, value)
+        return p
 
     @property
     def tag(self) -> LayoutTag:
@@ -197,6 +216,41 @@ class PreparedTensor:
             f"{self.scale.dtype} {tuple(self.scale.shape)} strides {self.scale.stride()}")
         return (f"PreparedTensor({self.tag}, logical {self.element} {tuple(self.shape)}, "
                 f"data {self.data.dtype} {tuple(self.data.shape)}, scale {scale}, device={self.device})")
+
+
+def _positive_pair(value: Any) -> bool:
+    return (isinstance(value, (tuple, list)) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value))
+
+
+def _check_prepared(p: PreparedTensor) -> None:
+    where = "PreparedTensor"
+    if not isinstance(p.format, Format):
+        known = ", ".join(sorted(known_formats()))
+        raise ContractError(f"{where}: format is {describe(p.format)}; expected a Format object (known formats: "
+                            f"{known}). Fix: build prepared operands with prepare_inputs, or pass "
+                            f"portable_kernels.formats.format_named(name).")
+    if not isinstance(p.data, torch.Tensor) or not (p.scale is None or isinstance(p.scale, torch.Tensor)):
+        raise ContractError(f"{where}: data and scale must be tensors (scale may be None); got "
+                            f"{describe(p.data)} and {describe(p.scale)}.")
+    shape = p.shape
+    if not (isinstance(shape, (tuple, list, torch.Size)) and len(shape) >= 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in shape)):
+        raise ContractError(f"{where}: shape {shape!r} must be the logical [..., MN, K] as ints >= 0.")
+    object.__setattr__(p, "shape", tuple(shape))
+    for name in ("granularity", "storage_granularity"):
+        if not _positive_pair(getattr(p, name)):
+            raise ContractError(f"{where}: {name} {getattr(p, name)!r} must be a pair of positive ints.")
+        object.__setattr__(p, name, tuple(getattr(p, name)))
+    if p.element not in p.format.elements:
+        raise ContractError(f"{where}: element {p.element!r} is not one {p.format.name} holds "
+                            f"({', '.join(p.format.elements)}).")
+    if p.scale is not None and p.scale.device != p.data.device:
+        raise ContractError(f"{where}: scale is on {p.scale.device} but data on {p.data.device}.")
+    problem = p.format.check(p) if p.scale is not None else "it has no scale"
+    if problem is not None:
+        raise LayoutError(f"{where}({p.backend}:{p.format.name}, logical {p.element} {tuple(p.shape)}): {problem}. "
+                          f"Fix: build prepared operands with prepare_inputs from a QuantTensor, never by hand.")
 
 
 def _rebuild_prepared(data, scale, format_name, backend, shape, granularity, storage_granularity, ue8m0, element,

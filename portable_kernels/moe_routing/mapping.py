@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import attrs
 import torch
 
-from ..checks import check_bool, check_int, check_tensor, first_bad
+from ..checks import check_allocation, check_bool, check_int, check_tensor, first_bad
 from ..contract import OpContract, Tolerance, checks_values, public_op, register_contract
 from ..dispatch import run, selection_for
 from ..errors import ContractError, format_problem
@@ -172,6 +172,9 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
         check_int(op, "alignment", alignment, 1, fix="pass e.g. 128, or None for the backend's alignment")
     check_bool(op, "force_no_sync", force_no_sync)
     t, k = topk_idx.shape
+    # the mapping's three per-row int32 tensors; the expanded activations come on top of this
+    check_allocation(op, "num_expanded_tokens", 3 * num_expanded_tokens, 4, topk_idx.device,
+                     "pass 0 to size the buffer exactly, or the real upper bound of rows")
     if force_no_sync:  # no host read of topk_idx at all: the buffer is sized by the upper bound
         selection = selection_for(GET_FUSED_MAPPING, FusedMappingInputs(topk_idx, num_experts, 0, 1))
         align_rows = alignment if alignment is not None else selection.backend.moe_alignment

@@ -6,11 +6,12 @@ import functools
 
 import torch
 
-from ..quantization import (PER_TOKEN_CAST, dequantize_reference, per_block_cast_to_fp8, per_token_cast_to_fp8,
-                            quantize_blocks_reference)
-from ..tensors import QuantTensor
-from .checks import assert_close, assert_quantization_matches
-from .core import Case, conformance_cases
+from ..gemm import fp8_gemm_nt
+from ..quantization import (PER_TOKEN_CAST, dequantize, dequantize_reference, per_block_cast_to_fp8,
+                            per_token_cast_to_fp8, quantize_blocks_reference)
+from ..tensors import PreparedTensor, QuantTensor
+from .checks import assert_close, assert_quantization_matches, assert_refused
+from .core import Case, CaseFailure, conformance_cases
 from .generators import randn
 
 QUICK_SHAPES = [(1, 128), (3, 300), (64, 1024), (130, 7)]
@@ -29,6 +30,33 @@ def _check(shape, block, ue8m0, seed, device) -> float:
                         "dequantized vs input")
 
 
+def _check_prepared(shape, block, ue8m0, seed, device) -> float:
+    """With prepare_for=fp8_gemm_nt the result is in the selected backend's Format and carries the
+    reference's numbers exactly (a provider may write that Format directly)."""
+    x = randn(*shape, seed=seed, dtype=torch.bfloat16, device=device, scale=3.0)
+    if block[0] == 1:
+        q = per_token_cast_to_fp8(x, gran_k=block[1], use_ue8m0=ue8m0, prepare_for=fp8_gemm_nt)
+    else:
+        q = per_block_cast_to_fp8(x, block=block, use_ue8m0=ue8m0, prepare_for=fp8_gemm_nt)
+    if not isinstance(q, PreparedTensor):
+        raise CaseFailure(f"prepare_for returned {type(q).__name__}, not a PreparedTensor")
+    want = QuantTensor(*quantize_blocks_reference(x.cpu(), block[0], block[1], ue8m0), block, ue8m0)
+    got, ref = dequantize(q).cpu(), dequantize_reference(want)
+    if not torch.equal(got, ref):
+        raise CaseFailure(f"prepared result ({q.tag}) differs from the reference in {int((got != ref).sum())} values")
+    return 0.0
+
+
+def _refuses_nonfinite(block, seed, device) -> float:
+    """With power-of-two scales a NaN/Inf block has no scale: refused, naming 'x'."""
+    x = randn(4, 256, seed=seed, dtype=torch.bfloat16, device=device)
+    x[1, 7] = float("nan")
+    x[2, 200] = float("inf")
+    if block[0] == 1:
+        return assert_refused(lambda: per_token_cast_to_fp8(x, use_ue8m0=True), "x", x)
+    return assert_refused(lambda: per_block_cast_to_fp8(x, block=block, use_ue8m0=True), "x", x)
+
+
 def _cases(op: str, block_of, quick: bool, seed0: int) -> list[Case]:
     cases = []
     for i, shape in enumerate(QUICK_SHAPES if quick else FULL_SHAPES):
@@ -36,6 +64,12 @@ def _cases(op: str, block_of, quick: bool, seed0: int) -> list[Case]:
             block = block_of(shape)
             run = functools.partial(_check, shape, block, ue8m0, seed0 + i)
             cases.append(Case(op, f"shape={shape} block={block} ue8m0={ue8m0}", seed0 + i, run))
+            run = functools.partial(_check_prepared, shape, block, ue8m0, seed0 + i)
+            cases.append(Case(op, f"prepare_for=fp8_gemm_nt shape={shape} block={block} ue8m0={ue8m0}", seed0 + i,
+                              run))
+    block = block_of((4, 256))
+    cases.append(Case(op, "refuses NaN/Inf with ue8m0", seed0 + 99, functools.partial(_refuses_nonfinite, block,
+                                                                                          seed0 + 99)))
     return cases
 
 
