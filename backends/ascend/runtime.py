@@ -1,13 +1,22 @@
 """Lazy access to torch_npu. It is never imported at module import time: without Huawei's CANN
-toolkit, importing it breaks torch, so its absence is a reason the backend reports, not a crash."""
+toolkit, importing it breaks torch, so its absence is a reason the backend reports, not a crash.
+
+Tests replace the module with a documented-semantics stand-in through `use_stand_in` (never by
+putting a fake `torch_npu` on sys.path, which torch's device-backend autoload could pick up).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
+import inspect
+from typing import Any, Iterator
 
 import torch
+
+_STAND_IN: list[Any] = []
 
 
 @functools.lru_cache(maxsize=1)
@@ -24,3 +33,49 @@ def unavailable_reason() -> str | None:
     if npu is None or not npu.is_available():
         return "torch_npu imported but no NPU device is visible"
     return None
+
+
+def torch_npu() -> Any | None:
+    """The module the torch_npu providers call: a test stand-in if one is active, else torch_npu when it
+    imports and an NPU is visible, else None (`native_unavailable_reason` says why)."""
+    if _STAND_IN:
+        return _STAND_IN[-1]
+    if unavailable_reason() is not None:
+        return None
+    return importlib.import_module("torch_npu")
+
+
+def native_unavailable_reason() -> str | None:
+    """Why the torch_npu providers cannot run here (None when they can)."""
+    if _STAND_IN:
+        return None
+    reason = unavailable_reason()
+    return None if reason is None else f"torch_npu providers unavailable: {reason}"
+
+
+@contextlib.contextmanager
+def use_stand_in(module: Any) -> Iterator[Any]:
+    """Route every torch_npu provider call to `module` inside the block (tests only)."""
+    _STAND_IN.append(module)
+    try:
+        yield module
+    finally:
+        _STAND_IN.remove(module)
+
+
+def has_argument(npu: Any, op: str, argument: str) -> bool:
+    """Whether this torch_npu build's `op` takes `argument` (e.g. npu_dynamic_mx_quant's max_low_bound,
+    new after 26.1.0): from the Python signature when it names its parameters (a stand-in), else from
+    the registered operator schema (`torch.ops.npu.<op>.default._schema`)."""
+    fn = getattr(npu, op, None)
+    if fn is None:
+        return False
+    try:
+        params = inspect.signature(fn).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return argument in params
+    except (TypeError, ValueError):
+        pass
+    packet = getattr(getattr(torch.ops, "npu", None), op, None)
+    schema = getattr(getattr(packet, "default", None), "_schema", None)
+    return schema is not None and any(a.name == argument for a in schema.arguments)
