@@ -99,7 +99,16 @@ def test_a2_a3_dequantized_path_is_exact_for_power_of_two_scales():
     b_bf16 = dequantize_reference(b).to(torch.bfloat16)
     assert torch.equal(b_bf16.float(), dequantize_reference(b))  # e4m3 x 2^e fits bf16
     d = poison(9, 96, dtype=torch.float32)
-    npu_gemm.dequantized_fp8_gemm_nt(a.data, a.scale, 128, b_bf16, d, None)
+    npu_gemm.dequantized_fp8_gemm_nt(a.data, a.scale, 128, b_bf16, d, None, a_scales_pow2=True)
+    ref = gemm_reference(dequantize_reference(a).double(), dequantize_reference(b).double())
+    assert calc_diff(d, ref) < FP32_BOUND
+
+
+def test_a2_a3_dequantized_path_keeps_fp32_for_arbitrary_scales():
+    # bf16 operands would give calc_diff ~2.4e-6 here (measured), over the 1e-6 contract bound
+    a, b = _operands(64, 256, 1024, ue8m0=False, seed=12)
+    d = poison(64, 256, dtype=torch.float32)
+    npu_gemm.dequantized_fp8_gemm_nt(a.data, a.scale, 128, dequantize_reference(b), d, None, a_scales_pow2=False)
     ref = gemm_reference(dequantize_reference(a).double(), dequantize_reference(b).double())
     assert calc_diff(d, ref) < FP32_BOUND
 

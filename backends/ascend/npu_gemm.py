@@ -4,8 +4,9 @@
   UE8M0 pairs `[MN, ceil(K/64), 2]` (the weight's handed over as its transposed view).
 - Ascend 950, arbitrary fp32 scales: `npu_quant_matmul` in G-B mode (group_sizes [1, 128, 128]) on
   DeepGEMM's plain scales, no re-quantization.
-- Atlas A2/A3 (no FP8): the weight was dequantized to bf16 once at ingest (exact for power-of-two
-  scales); the activation is dequantized here (exact likewise) and torch_npu's matmul runs in bf16.
+- Atlas A2/A3 (no FP8): the weight was dequantized once at ingest, to bf16 where that is exact
+  (power-of-two scales) and to fp32 otherwise; the activation is dequantized here, and torch_npu's
+  matmul runs in bf16 when both operands are exact in bf16, else in fp32.
 - `bf16_gemm_nt`: torch_npu's matmul.
 
 Functions of plain tensors and the torch_npu module (`npu`); contract checks happen before them.
@@ -71,9 +72,16 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     _finish(torch.matmul(a.float(), b.float().t()), d, c)
 
 
-def dequantized_fp8_gemm_nt(a: torch.Tensor, sfa: torch.Tensor, gran_k: int, b_bf16: torch.Tensor,
-                            d: torch.Tensor, c: torch.Tensor | None) -> None:
-    """Atlas A2/A3: FP8 activation (power-of-two scales) dequantized to bf16 here, weight already bf16."""
+def dequantized_fp8_gemm_nt(a: torch.Tensor, sfa: torch.Tensor, gran_k: int, b_values: torch.Tensor,
+                            d: torch.Tensor, c: torch.Tensor | None, a_scales_pow2: bool) -> None:
+    """Atlas A2/A3 (no FP8): the weight was dequantized once at ingest (`b_values`: bf16 when that is
+    exact, i.e. power-of-two scales, else fp32); the FP8 activation is dequantized here. The product
+    runs in bf16 when both operands are exact in bf16, else in fp32 — never on rounded operands."""
     if d.numel() == 0:
         return
-    bf16_gemm_nt(dequantize_rows(a, sfa, gran_k), b_bf16, d, c)
+    if b_values.dtype == torch.bfloat16 and a_scales_pow2:
+        bf16_gemm_nt(dequantize_rows(a, sfa, gran_k), b_values, d, c)
+        return
+    k = a.shape[-1]
+    a32 = a.float() * sfa.repeat_interleave(gran_k, dim=-1)[..., :k]
+    _finish(torch.matmul(a32, b_values.float().t()), d, c)
