@@ -4,11 +4,13 @@ Rule: this package imports torch and the standard library only, and every conver
 anything lossy raises LayoutConversionError. Modules: `ue8m0` (exponent-only scales),
 `fp8_scales` (SM90 / SM100 / Ascend MX scale layouts), `fp4` (E2M1 codes and nibble packing),
 `nz` (Ascend FRACTAL_NZ tiles), `moe` (grouped-GEMM row layouts), `kv_cache` (FlashMLA FP8 cache);
-`format` (the `Format` value and `PLAIN`), `nvidia` (`SM90`, `SM100`) and `ascend` (`ASCEND_MX`,
-`ASCEND_MX_NZ`): one Format object per operand byte format, composed from the functions above.
+`format` (the `Format` value and `PLAIN`), `nvidia` (`SM90`, `SM100`) and `ascend` (`ASCEND_MX_KMAJOR`,
+`ASCEND_MX`, `ASCEND_MX_NZ`, `ASCEND_BF16_VALUES`, `ASCEND_FP32_VALUES`): one Format object per operand
+byte format, composed from the functions above.
 """
 
-from .ascend import ASCEND_MX, ASCEND_MX_NZ
+from .ascend import (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX, ASCEND_MX_KMAJOR, ASCEND_MX_NZ,
+                     block_dequantize)
 from .constants import (
     ACL_FORMAT_FRACTAL_NZ,
     ASCEND_KV_ROPE_OFFSET,
@@ -117,8 +119,12 @@ __all__ = [
     # errors
     "LayoutConversionError",
     # formats
+    "ASCEND_BF16_VALUES",
+    "ASCEND_FP32_VALUES",
     "ASCEND_MX",
+    "ASCEND_MX_KMAJOR",
     "ASCEND_MX_NZ",
+    "block_dequantize",
     "Decoded",
     "ELEMENTS",
     "Encoded",

@@ -11,10 +11,12 @@ import torch
 
 from ascend_stub import StandInError, make_stand_in
 from portable_kernels.backends.ascend import npu_mla
-from portable_kernels.layouts import dequantize_fp8_kv_cache, flashmla_kv_to_ascend
+from portable_kernels.layouts import ascend_kv_to_flashmla
 from portable_kernels.mla import HEAD_DIM_V, mla_decode_reference
 from portable_kernels.testing.generators import poison, randn
 from portable_kernels.testing.mla_cases import build_paged_cache, check_decode, random_indices, random_kv
+
+SCALE = 576 ** -0.5
 
 
 def _setup(lengths, s_q, h_q, block_size=64, fp8=False, seed=0):
@@ -25,37 +27,37 @@ def _setup(lengths, s_q, h_q, block_size=64, fp8=False, seed=0):
     return paged, q, out, lse
 
 
-def _reference(q, paged, scale, causal, indices=None):
-    return mla_decode_reference(q, paged.k_cache, paged.block_table, paged.cache_seqlens, HEAD_DIM_V, scale, causal,
+def _reference(q, paged, causal, indices=None):
+    return mla_decode_reference(q, paged.k_cache, paged.block_table, paged.cache_seqlens, HEAD_DIM_V, SCALE, causal,
                                 paged.is_fp8, indices, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("lengths,s_q,h_q,causal", [
-    ((70, 0, 1, 130), 1, 16, False),
-    ((90, 64, 2), 2, 8, True),       # the short causal batch (2 keys, 2 queries) stays on FIA
-    ((3, 90), 4, 4, True),           # 3 keys < 4 queries: that batch goes through the sparse op
+@pytest.mark.parametrize("lengths,s_q,h_q,causal,fp8", [
+    ((70, 0, 1, 130), 1, 16, False, False),
+    ((90, 64, 2), 2, 8, True, False),        # 2 keys and 2 queries: stays on FIA
+    ((3, 90), 4, 4, True, False),            # 3 keys < 4 queries: that batch goes through the sparse op
+    ((65, 0, 17), 1, 16, False, True),       # the FP8 cache, dequantized to bf16 while compacting
 ])
-def test_dense_fia_on_a2_a3(lengths, s_q, h_q, causal):
+def test_dense_fia_on_a2_a3(lengths, s_q, h_q, causal, fp8):
     npu = make_stand_in("910b")
-    paged, q, out, lse = _setup(lengths, s_q, h_q, seed=len(lengths))
-    scale = 576 ** -0.5
-    npu_mla.dense_mla_fused_infer(npu, q, paged.k_cache, paged.block_table, paged.cache_seqlens, scale, causal,
-                                  out, lse)
-    check_decode(out, lse, *_reference(q, paged, scale, causal))
+    paged, q, out, lse = _setup(lengths, s_q, h_q, fp8=fp8, seed=len(lengths))
+    npu_mla.dense_decode_fused_infer(npu, q, paged.k_cache, paged.block_table, paged.cache_seqlens, SCALE, causal,
+                                     out, lse)
+    check_decode(out, lse, *_reference(q, paged, causal))
     assert "npu_fused_infer_attention_score" in npu.calls
     assert ("npu_sparse_flash_attention" in npu.calls) == (causal and any(0 < n < s_q for n in lengths))
 
 
 def test_fia_needs_the_causal_mask_for_sparse_mode_3():
     npu = make_stand_in("910c")
-    paged, q, out, lse = _setup((40,), 2, 4)
+    paged, q, _, _ = _setup((40,), 2, 4)
+    cache, table, _, _ = npu_mla.compact_dense(paged.k_cache, paged.block_table, paged.cache_seqlens, "bf16")
+    nope, rope = cache[..., :512].contiguous().view(-1, 64, 512), cache[..., 512:].contiguous().view(-1, 64, 64)
     q2 = q.reshape(2, 4, 576)
-    nope = paged.k_cache[..., :512].contiguous().view(-1, 64, 512)
-    rope = paged.k_cache[..., 512:].contiguous().view(-1, 64, 64)
     with pytest.raises(StandInError, match="atten_mask"):
         npu.npu_fused_infer_attention_score(
             q2[..., :512].contiguous(), nope, nope, query_rope=q2[..., 512:].contiguous(), key_rope=rope,
-            actual_seq_lengths=[2], actual_seq_lengths_kv=[40], block_table=paged.block_table, num_heads=4,
+            actual_seq_lengths=[2], actual_seq_lengths_kv=[40], block_table=table, num_heads=4,
             input_layout="TND", num_key_value_heads=1, sparse_mode=3, block_size=64, softmax_lse_flag=True)
 
 
@@ -63,19 +65,18 @@ def test_fia_is_not_documented_on_950():
     npu = make_stand_in("950")
     paged, q, out, lse = _setup((10,), 1, 4)
     with pytest.raises(StandInError, match="A2/A3 only"):
-        npu_mla.dense_mla_fused_infer(npu, q, paged.k_cache, paged.block_table, paged.cache_seqlens, 0.04, False,
-                                      out, lse)
+        npu_mla.dense_decode_fused_infer(npu, q, paged.k_cache, paged.block_table, paged.cache_seqlens, SCALE,
+                                         False, out, lse)
 
 
 @pytest.mark.parametrize("soc", ["910b", "950"])
-def test_sparse_bf16_with_identity_paging(soc):
-    # A2/A3 keep the FP8 cache as bf16 (dequantized once, exactly); 950 takes a bf16 cache too
+def test_sparse_bf16_reads_only_the_indexed_slots(soc):
+    # A2/A3 read the FP8 cache as bf16 (dequantized exactly while compacting); 950 takes bf16 too
     npu = make_stand_in(soc)
     paged, q, out, lse = _setup((100, 0, 7), 2, 16, block_size=16, fp8=True, seed=5)
     indices = random_indices(paged, 2, 32, seed=6)[0]
-    bf16_cache = dequantize_fp8_kv_cache(paged.k_cache)
-    npu_mla.sparse_mla_bf16(npu, q, bf16_cache, indices, 576 ** -0.5, out, lse)
-    check_decode(out, lse, *_reference(q, paged, 576 ** -0.5, False, indices))
+    npu_mla.sparse_decode(npu, q, paged.k_cache, indices, SCALE, out, lse, fp8_op=False)
+    check_decode(out, lse, *_reference(q, paged, False, indices))
     assert npu.calls == ["npu_sparse_flash_attention"]
 
 
@@ -83,8 +84,8 @@ def test_sparse_fp8_on_950_reads_cann_rows():
     npu = make_stand_in("950")
     paged, q, out, lse = _setup((100, 0, 7), 2, 16, block_size=16, fp8=True, seed=7)
     indices = random_indices(paged, 2, 32, seed=8)[0]
-    npu_mla.sparse_mla_fp8(npu, q, flashmla_kv_to_ascend(paged.k_cache), indices, 576 ** -0.5, out, lse)
-    check_decode(out, lse, *_reference(q, paged, 576 ** -0.5, False, indices))
+    npu_mla.sparse_decode(npu, q, paged.k_cache, indices, SCALE, out, lse, fp8_op=True)
+    check_decode(out, lse, *_reference(q, paged, False, indices))
     assert npu.calls == ["npu_kv_quant_sparse_flash_attention"]
 
 
@@ -93,27 +94,28 @@ def test_fp8_keys_are_refused_by_the_kv_quant_op_on_a2_a3():
     paged, q, out, lse = _setup((20,), 1, 16, block_size=16, fp8=True)
     indices = random_indices(paged, 1, 8, seed=1)[0]
     with pytest.raises(StandInError, match="int8"):
-        npu_mla.sparse_mla_fp8(npu, q, flashmla_kv_to_ascend(paged.k_cache), indices, 0.04, out, lse)
+        npu_mla.sparse_decode(npu, q, paged.k_cache, indices, SCALE, out, lse, fp8_op=True)
 
 
-def test_flashmla_row_order_is_not_what_the_kv_quant_op_reads():
-    # without the repack, scale bytes land in the rope slot: the documented order matters
+def test_the_kv_quant_op_reads_cann_order_not_flashmla_order():
     npu = make_stand_in("950")
-    paged, q, out, lse = _setup((30,), 1, 16, block_size=16, fp8=True, seed=9)
+    paged, q, _, _ = _setup((30,), 1, 16, block_size=16, fp8=True, seed=9)
     indices = random_indices(paged, 1, 8, seed=10, invalid_fraction=0.0)[0]
-    npu_mla.sparse_mla_fp8(npu, q, paged.k_cache, indices, 576 ** -0.5, out, lse)
-    ref_out, _ = _reference(q, paged, 576 ** -0.5, False, indices)
-    assert not torch.allclose(out.double(), ref_out, atol=1e-2)
+    cache, table, lengths, positions, _, _ = npu_mla.compact_sparse(paged.k_cache, indices, "ascend-fp8")
+    right = npu_mla._sfa_fp8(npu, q, cache, table, lengths, positions, 0, SCALE)
+    wrong = npu_mla._sfa_fp8(npu, q, ascend_kv_to_flashmla(cache), table, lengths, positions, 0, SCALE)
+    ref_out, _ = _reference(q, paged, False, indices)
+    assert torch.allclose(right.double(), ref_out, atol=1e-2, rtol=2e-2)
+    assert not torch.allclose(wrong.double(), ref_out, atol=1e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("causal,s_q", [(False, 1), (True, 3)])
-def test_dense_fp8_on_950_as_sparse_over_every_position(causal, s_q):
+@pytest.mark.parametrize("fp8,causal,s_q", [(True, False, 1), (True, True, 3), (False, True, 2)])
+def test_dense_on_950_as_sparse_over_every_position(fp8, causal, s_q):
     npu = make_stand_in("950")
-    paged, q, out, lse = _setup((70, 1, 130), s_q, 16, fp8=True, seed=11)
-    indices, mode = npu_mla.dense_as_sparse_indices(paged.cache_seqlens, s_q, causal)
-    npu_mla.sparse_mla_fp8(npu, q, flashmla_kv_to_ascend(paged.k_cache), indices, 576 ** -0.5, out, lse,
-                           block_table=paged.block_table, kv_lengths=paged.cache_seqlens, sparse_mode=mode)
-    check_decode(out, lse, *_reference(q, paged, 576 ** -0.5, causal))
+    paged, q, out, lse = _setup((70, 1, 130), s_q, 16, fp8=fp8, seed=11)
+    npu_mla.dense_decode_as_sparse(npu, q, paged.k_cache, paged.block_table, paged.cache_seqlens, SCALE, causal,
+                                   out, lse, fp8_op=fp8)
+    check_decode(out, lse, *_reference(q, paged, causal))
 
 
 def test_valid_first_keeps_order_and_moves_invalid_to_the_end():
@@ -123,13 +125,9 @@ def test_valid_first_keeps_order_and_moves_invalid_to_the_end():
 
 def test_sparse_op_refuses_invalid_indices_before_valid_ones():
     npu = make_stand_in("910b")
-    paged, q, out, lse = _setup((40,), 1, 16, block_size=16, fp8=True)
-    cache = dequantize_fp8_kv_cache(paged.k_cache)
-    table, lengths = npu_mla.identity_paging(1, cache.shape[0], 16, q.device)
-    bad = torch.tensor([[[[-1, 3]]]], dtype=torch.int32)
+    paged, q, _, _ = _setup((40,), 1, 16, block_size=16, fp8=True)
+    indices = random_indices(paged, 1, 4, seed=3, invalid_fraction=0.0)[0]
+    cache, table, lengths, _, _, _ = npu_mla.compact_sparse(paged.k_cache, indices, "bf16")
+    bad = torch.tensor([[[[-1, 3, 1, 0]]]], dtype=torch.int32)
     with pytest.raises(StandInError, match="valid indices must come first"):
-        npu.npu_sparse_flash_attention(
-            q[..., :512].contiguous(), cache[..., :512].contiguous(), cache[..., :512].contiguous(), bad, 0.04,
-            block_table=table, actual_seq_lengths_kv=lengths, query_rope=q[..., 512:].contiguous(),
-            key_rope=cache[..., 512:].contiguous(), layout_query="BSND", layout_kv="PA_BSND", sparse_mode=0,
-            attention_mode=2)
+        npu_mla._sfa_bf16(npu, q, cache, table, lengths, bad, 0, SCALE)
