@@ -89,3 +89,15 @@ def masked_group_ends(masked_m: torch.Tensor, max_m: int) -> tuple[torch.Tensor,
     ends = torch.arange(1, g + 1, dtype=torch.int64, device=masked_m.device) * max_m
     valid = (torch.arange(max_m, device=masked_m.device)[None, :] < masked_m[:, None]).flatten()
     return ends, valid
+
+
+def dequantized_grouped_gemm(npu: Any, a_values: torch.Tensor, b_values: torch.Tensor, d: torch.Tensor,
+                             group_ends: torch.Tensor, valid: torch.Tensor) -> None:
+    """Atlas A2/A3: activation and weight values (both bf16, or both fp32 — exact either way) through
+    npu_grouped_matmul's non-quantized form (fp32 x fp32 -> fp32 is documented for one x / weight / y)."""
+    if d.numel() == 0:
+        return
+    dtype = a_values.dtype
+    out = npu.npu_grouped_matmul([a_values], [b_values.to(dtype).transpose(1, 2)], group_list=group_ends,
+                                 split_item=3, group_type=0, group_list_type=CUMULATIVE, output_dtype=dtype)[0]
+    _write_rows(out, d, valid)

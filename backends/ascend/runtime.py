@@ -16,6 +16,8 @@ from typing import Any, Iterator
 
 import torch
 
+from . import chips
+
 _STAND_IN: list[Any] = []
 
 
@@ -45,6 +47,11 @@ def torch_npu() -> Any | None:
     return importlib.import_module("torch_npu")
 
 
+def using_stand_in() -> bool:
+    """Whether a test stand-in replaces torch_npu (its operators then take CPU tensors)."""
+    return bool(_STAND_IN)
+
+
 def native_unavailable_reason() -> str | None:
     """Why the torch_npu providers cannot run here (None when they can)."""
     if _STAND_IN:
@@ -53,14 +60,35 @@ def native_unavailable_reason() -> str | None:
     return None if reason is None else f"torch_npu providers unavailable: {reason}"
 
 
+def _selections_changed() -> None:
+    """Provider choices depend on whether torch_npu is present: drop the cached plans."""
+    from portable_kernels.registry import registry
+    registry().generation += 1
+
+
 @contextlib.contextmanager
 def use_stand_in(module: Any) -> Iterator[Any]:
     """Route every torch_npu provider call to `module` inside the block (tests only)."""
     _STAND_IN.append(module)
+    _selections_changed()
     try:
         yield module
     finally:
         _STAND_IN.remove(module)
+        _selections_changed()
+
+
+@functools.lru_cache(maxsize=1)
+def _hardware_chip() -> str | None:
+    npu = torch_npu() if not _STAND_IN else None
+    return None if npu is None else chips.detect_chip(npu)
+
+
+def detected_chip() -> str | None:
+    """The chip behind the torch_npu in use (the stand-in's, or the real device's), None without one."""
+    if _STAND_IN:
+        return chips.detect_chip(_STAND_IN[-1])
+    return _hardware_chip()
 
 
 def has_argument(npu: Any, op: str, argument: str) -> bool:

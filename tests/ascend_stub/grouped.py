@@ -46,10 +46,11 @@ class GroupedMatmul:
         require(k < INNER_LIMIT and (k if w_t else n) < INNER_LIMIT,
                 f"npu_grouped_matmul: last dimensions must be < InnerLimit {INNER_LIMIT}")
         counts = self._counts(group_list, group_list_type, g, m)
-        if a.dtype == torch.bfloat16:
-            require(w.dtype == torch.bfloat16 and scale is None and per_token_scale is None,
-                    "npu_grouped_matmul: the bf16 form takes bf16 weight and no scales")
-            require(output_dtype in (None, torch.bfloat16), "npu_grouped_matmul: bf16 inputs give bf16 output")
+        if a.dtype in (torch.bfloat16, torch.float32):
+            require(w.dtype == a.dtype and scale is None and per_token_scale is None,
+                    "npu_grouped_matmul: the non-quantized form takes a weight of x's dtype and no scales")
+            require(output_dtype in (None, a.dtype), "npu_grouped_matmul: non-quantized output has x's dtype "
+                                                     "(float32 only for a single x / weight / y)")
             if self.owner.chip == "950":
                 self.owner.record("npu_grouped_matmul[bf16 on 950: from call sites, not docs]")
             da, dw = a.double(), w.double()
@@ -63,7 +64,7 @@ class GroupedMatmul:
         for group, count in enumerate(counts.tolist()):
             out[start:start + count] = da[start:start + count] @ dw[group]
             start += count
-        return [out.to(output_dtype or torch.bfloat16)]
+        return [out.to(output_dtype or a.dtype)]
 
     def _counts(self, group_list, group_list_type, g, m) -> torch.Tensor:
         require(isinstance(group_list, torch.Tensor) and group_list.dtype == torch.int64 and group_list.dim() == 1,
