@@ -23,7 +23,8 @@ ORACLE = "layout-reference"
 #: which provider must run each mapped op, per (soc, scales)
 MAPPED = {
     ("950", "ue8m0"): {"fp8_gemm_nt": "torch_npu-mx", "bf16_gemm_nt": "torch_npu", "topk": "torch_npu",
-                       "m_grouped_fp8_gemm_nt_contiguous": "torch_npu-mx", "m_grouped_fp8_gemm_nt_masked": "torch_npu-mx",
+                       "m_grouped_fp8_gemm_nt_contiguous": "torch_npu-mx",
+                       "m_grouped_fp8_gemm_nt_masked": "torch_npu-mx",
                        "m_grouped_bf16_gemm_nt_contiguous": "torch_npu", "m_grouped_bf16_gemm_nt_masked": "torch_npu",
                        "per_token_cast_to_fp8": "torch_npu-mx",
                        "flash_mla_with_kvcache": ("torch_npu-kvquant-sfa", "torch_npu-sfa-950")},

@@ -183,7 +183,8 @@ def test_grouped_matmul_refuses_more_than_1024_groups():
     b = randn(1025, 8, 16, seed=2, dtype=torch.bfloat16)  # [G, N, K]
     ends = torch.full((1025,), 2, dtype=torch.int64)
     with pytest.raises(StandInError, match="1024"):
-        npu_grouped.bf16_grouped_gemm(npu, a, b, poison(2, 8, dtype=torch.bfloat16), ends, torch.ones(2, dtype=torch.bool))
+        npu_grouped.bf16_grouped_gemm(npu, a, b, poison(2, 8, dtype=torch.bfloat16), ends,
+                                      torch.ones(2, dtype=torch.bool))
 
 
 def test_mx_grouped_on_950_matches_reference():

@@ -56,7 +56,7 @@ def transposed_pairs(t: torch.Tensor) -> bool:
     """True when an MX scale tensor (.., a, b, 2) is the transposed view of a contiguous (.., b, a, 2)."""
     if t.dim() < 3 or t.shape[-1] != 2:
         return False
-    a, b = t.shape[-3], t.shape[-2]
+    a = t.shape[-3]
     return t.stride(-1) == 1 and t.stride(-3) == 2 and t.stride(-2) == 2 * a
 
 

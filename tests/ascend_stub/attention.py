@@ -188,7 +188,8 @@ class SparseFlashAttention:
         require(actual_seq_lengths_query is None, "stand-in: actual_seq_lengths_query is not implemented")
         for n_, t in (("query", query), ("key", key), ("value", value), ("query_rope", query_rope),
                       ("key_rope", key_rope)):
-            require(isinstance(t, torch.Tensor) and t.dtype == query.dtype and t.dtype in (torch.float16, torch.bfloat16),
+            require(isinstance(t, torch.Tensor) and t.dtype == query.dtype
+                    and t.dtype in (torch.float16, torch.bfloat16),
                     f"{name}: {n_} must be fp16/bf16 like query")
             require(t.is_contiguous(), f"{name}: {n_} must be contiguous (A2/A3: no non-contiguous key/value/key_rope)")
         heads = tuple(range(1, 129)) if self.owner.chip == "950" else MLA_HEADS_A2A3

@@ -37,7 +37,8 @@ class GroupedMatmul:
         require(group_type == 0, "npu_grouped_matmul: single-single-single needs group_type 0 (m-axis grouping)")
         a, w = x[0], weight[0]
         require(a.dim() == 2 and w.dim() == 3, "npu_grouped_matmul: single-single-single needs x 2-D, weight 3-D")
-        require(not transposed_last_two(a) and a.is_contiguous(), "npu_grouped_matmul: x does not support transposition")
+        require(not transposed_last_two(a) and a.is_contiguous(),
+                "npu_grouped_matmul: x does not support transposition")
         m, k = a.shape
         g, kw, n = w.shape
         require(kw == k, f"npu_grouped_matmul: weight must be [g, k, n] with k = {k}, got {tuple(w.shape)}")
@@ -86,7 +87,8 @@ class GroupedMatmul:
     def _mx_dequantized(self, a, w, scale, per_token_scale, scale_dtype, per_token_scale_dtype, w_t):
         require(scale_dtype == FLOAT8_E8M0FNU and per_token_scale_dtype == FLOAT8_E8M0FNU,
                 "npu_grouped_matmul MX: scale_dtype and per_token_scale_dtype are torch_npu.float8_e8m0fnu")
-        require(isinstance(scale, list) and isinstance(per_token_scale, list) and len(scale) == len(per_token_scale) == 1,
+        require(isinstance(scale, list) and isinstance(per_token_scale, list)
+                and len(scale) == len(per_token_scale) == 1,
                 "npu_grouped_matmul MX: scale and per_token_scale are one-element lists")
         m, k = a.shape
         g, _, n = w.shape

@@ -21,7 +21,8 @@ class MoeGatingTopK:
         name = "npu_moe_gating_top_k"
         require(self.owner.chip == "a2a3", f"{name}: Atlas A2/A3 only (torch_npu docs)")
         require(input_ids is None and tid2eid is None, "stand-in: input_ids / tid2eid are not implemented")
-        require(x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16, torch.float32), f"{name}: x 2-D fp16/bf16/fp32")
+        require(x.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16, torch.float32),
+                f"{name}: x 2-D fp16/bf16/fp32")
         e = x.shape[1]
         require(e <= MAX_EXPERTS, f"{name}: at most {MAX_EXPERTS} experts")
         require(bias is None or (bias.dim() == 1 and bias.shape[0] == e and bias.dtype == x.dtype),
