@@ -16,11 +16,13 @@ from typing import Any, Callable, Iterable
 import torch
 
 from portable_kernels.errors import BackendUnavailableError
+from portable_kernels.mla import reject_bad_cache_references
 from portable_kernels.layouts import (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX_KMAJOR, PLAIN,
                                       ascend_mx_kmajor_encode_from_blocks)
 from portable_kernels.providers import Limit
 from portable_kernels.registry import Registry, forced_backend
 from portable_kernels.tensors import PreparedTensor
+from portable_kernels.topk import reject_nan
 
 from . import chips, npu_gemm, npu_grouped, npu_mla, npu_moe, npu_quant, npu_topk, runtime
 
@@ -277,6 +279,7 @@ def _register_casts(registry: Registry) -> None:
 
 def _topk(call: Any) -> Any:
     _npu()
+    reject_nan(call.input, call.end)  # the contract's NaN rule, checked in the provider's pass
     return npu_topk.topk_select(call.input, call.topk, call.end, call.sorted, call.sorted_index, call.indices_type,
                                 call.idx_oob_fill_value, call.value_oob_fill_value, call.return_value)
 
@@ -342,6 +345,7 @@ def _bf16_cache(inputs: Any) -> list[str]:
 
 def _mla(kind: str) -> Callable[[Any], None]:
     def run(call: Any) -> None:
+        reject_bad_cache_references(call)  # before anything reads the cache (the contract's rule)
         if call.out.numel() == 0:
             return
         npu = _npu()
