@@ -4,13 +4,17 @@ Rule: this package imports torch and the standard library only, and every conver
 anything lossy raises LayoutConversionError. Modules: `ue8m0` (exponent-only scales),
 `fp8_scales` (SM90 / SM100 / Ascend MX scale layouts), `fp4` (E2M1 codes and nibble packing),
 `nz` (Ascend FRACTAL_NZ tiles), `moe` (grouped-GEMM row layouts), `kv_cache` (FlashMLA FP8 cache);
-`format` (the `Format` value and `PLAIN`), `nvidia` (`SM90`, `SM100`) and `ascend` (`ASCEND_MX`,
-`ASCEND_MX_NZ`): one Format object per operand byte format, composed from the functions above.
+`format` (the `Format` value and `PLAIN`), `nvidia` (`SM90`, `SM100`) and `ascend` (`ASCEND_MX_KMAJOR`,
+`ASCEND_MX`, `ASCEND_MX_NZ`, `ASCEND_BF16_VALUES`, `ASCEND_FP32_VALUES`): one Format object per operand
+byte format, composed from the functions above.
 """
 
-from .ascend import ASCEND_MX, ASCEND_MX_NZ
+from .ascend import (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX, ASCEND_MX_KMAJOR, ASCEND_MX_NZ,
+                     block_dequantize)
 from .constants import (
     ACL_FORMAT_FRACTAL_NZ,
+    ASCEND_KV_ROPE_OFFSET,
+    ASCEND_KV_SCALES_OFFSET,
     ACL_FORMAT_ND,
     ASCEND_BLOCKS_PER_WORD,
     ASCEND_MOE_ALIGNMENT,
@@ -45,6 +49,7 @@ from .fp8_scales import (
     ascend_mx_encode_from_blocks,
     ascend_mx_kmajor_decode,
     ascend_mx_kmajor_encode,
+    ascend_mx_kmajor_encode_from_blocks,
     broadcast_block_scales_to_rows,
     fp8_scale_from_amax,
     is_ascend_mx_layout,
@@ -60,7 +65,13 @@ from .fp8_scales import (
     sm100_ue8m0_encode_from_blocks,
     tma_aligned_mn,
 )
-from .kv_cache import dequantize_fp8_kv_cache, pack_fp8_kv_cache, unpack_fp8_kv_cache
+from .kv_cache import (
+    ascend_kv_to_flashmla,
+    dequantize_fp8_kv_cache,
+    flashmla_kv_to_ascend,
+    pack_fp8_kv_cache,
+    unpack_fp8_kv_cache,
+)
 from .moe import (
     aligned_counts,
     check_masked_m,
@@ -81,6 +92,8 @@ __all__ = [
     # constants
     "ACL_FORMAT_FRACTAL_NZ",
     "ACL_FORMAT_ND",
+    "ASCEND_KV_ROPE_OFFSET",
+    "ASCEND_KV_SCALES_OFFSET",
     "ASCEND_BLOCKS_PER_WORD",
     "ASCEND_MOE_ALIGNMENT",
     "FP4_E2M1_MAX",
@@ -106,8 +119,12 @@ __all__ = [
     # errors
     "LayoutConversionError",
     # formats
+    "ASCEND_BF16_VALUES",
+    "ASCEND_FP32_VALUES",
     "ASCEND_MX",
+    "ASCEND_MX_KMAJOR",
     "ASCEND_MX_NZ",
+    "block_dequantize",
     "Decoded",
     "ELEMENTS",
     "Encoded",
@@ -129,6 +146,7 @@ __all__ = [
     "ascend_mx_encode_from_blocks",
     "ascend_mx_kmajor_decode",
     "ascend_mx_kmajor_encode",
+    "ascend_mx_kmajor_encode_from_blocks",
     "broadcast_block_scales_to_rows",
     "fp8_scale_from_amax",
     "is_ascend_mx_layout",
@@ -167,7 +185,9 @@ __all__ = [
     "psum_layout",
     "segment_starts",
     # kv cache
+    "ascend_kv_to_flashmla",
     "dequantize_fp8_kv_cache",
+    "flashmla_kv_to_ascend",
     "pack_fp8_kv_cache",
     "unpack_fp8_kv_cache",
 ]

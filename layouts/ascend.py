@@ -1,11 +1,21 @@
-"""The Ascend 950 operand Formats (MX), composed from `fp8_scales` and `nz`.
+"""The Ascend operand Formats, composed from `fp8_scales` and `nz` (docs/ascend.md, *Byte formats*).
 
-- `ASCEND_MX`: UE8M0 scales per (1, 32) along K for every operand (weight-block scales broadcast
-  along N and replicated along K first, both exact), two K-blocks per int16 (even block in the low
-  byte), MN-major, no padding; data ND (DeepGEMM-Ascend keeps dense GEMM operands ND).
-- `ASCEND_MX_NZ`: the same scales, data in FRACTAL_NZ tiles — the weights of the grouped (MoE)
-  GEMMs, which the fused MoE path and the torch_npu grouped operators prefer.
-Powers of two only. Byte diagrams: `fp8_scales` (MX) and `nz` (tiles).
+Ascend 950 (MX, powers of two only):
+- `ASCEND_MX_KMAJOR`: UE8M0 scales per (1, 32) along K as K-major pairs, float8_e8m0fnu
+  `[(G,) MN, ceil(K/64), 2]`, contiguous; data ND. This is what CANN's MX quant matmul and grouped
+  matmul take for K-major data (x1 `(m, ceil(k/64), 2)`; a weight stored `(n, k)` takes
+  `(n, ceil(k/64), 2)`), and what `npu_dynamic_mx_quant(axis=-1)` emits. The torch_npu providers read it.
+- `ASCEND_MX`: the same exponents two per int16, MN-major, no padding (bytes `[ceil(K/64), MN, 2]`):
+  CANN's form for MN-major data (x2 stored `(k, n)`); with our K-major data CANN's rule that data and
+  scale share their transposition rules it out for torch_npu. Kept for kernels that read MN-major scales.
+- `ASCEND_MX_NZ`: `ASCEND_MX` scales with FRACTAL_NZ data tiles (for Ascend C kernels; torch_npu
+  builds its NZ weights itself with `npu_format_cast(x, 29)` from ND data).
+
+Atlas A2/A3 (no FP8 datatypes): weights are stored dequantized, once at ingest.
+- `ASCEND_BF16_VALUES`: the values `data x scale` in bf16 — exact because the scales are powers of
+  two (an e4m3 value has 4 significant bits, bf16 8). 2 bytes per element.
+- `ASCEND_FP32_VALUES`: the same in fp32, for arbitrary fp32 scales (exact). 4 bytes per element.
+Both keep the fp32 block scales beside the values, so decoding returns the original e4m3 codes.
 """
 
 from __future__ import annotations
@@ -16,8 +26,10 @@ import torch
 
 from ._util import ceil_div
 from .constants import MX_BLOCK_K
+from .errors import LayoutConversionError
 from .format import ELEMENTS, Decoded, Encoded, Format
-from .fp8_scales import ascend_mx_decode, ascend_mx_encode_from_blocks
+from .fp8_scales import (ascend_mx_decode, ascend_mx_encode_from_blocks, ascend_mx_kmajor_decode,
+                         ascend_mx_kmajor_encode_from_blocks)
 from .nz import nd_to_nz, nz_to_nd
 
 
@@ -107,3 +119,92 @@ ASCEND_MX_NZ = Format(
     validate=_validate_nz,
     data_layout="FRACTAL_NZ tiles [(G,) ceil(K/C0), ceil(N/16), 16, C0], C0 = 32 bytes of elements",
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# Ascend 950: K-major MX pairs
+
+
+def _kmajor_encode(operand: Any) -> Encoded:
+    gm, gk = operand.granularity
+    *_, mn, k = operand.shape
+    scale = ascend_mx_kmajor_encode_from_blocks(operand.scale, mn, k, block_mn=gm, block_k=gk)
+    return Encoded(operand.data.contiguous(), scale, (1, MX_BLOCK_K))
+
+
+def _kmajor_decode(operand: Any) -> Decoded:
+    gran = tuple(operand.storage_granularity)
+    return Decoded(operand.data, ascend_mx_kmajor_decode(operand.scale, ceil_div(operand.shape[-1], gran[1])), gran)
+
+
+ASCEND_MX_KMAJOR = Format(
+    name="ascend-mx-ue8m0-kmajor-pairs",
+    elements=ELEMENTS,
+    scale_storage="float8_e8m0fnu [(G,) MN, ceil(K/64), 2], contiguous: the two exponents of a 64-element K pair "
+                  "adjacent (even block first), K pairs of a row adjacent; an odd trailing block pairs with 0",
+    granularity=_MX_GRANULARITY,
+    requires_pow2=True,
+    encode=_kmajor_encode,
+    decode=_kmajor_decode,
+    storage_granularity=_mx_granularity,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Atlas A2/A3: dequantized values
+
+
+def block_dequantize(data: torch.Tensor, scale: torch.Tensor, granularity: tuple[int, int],
+                     dtype: torch.dtype) -> torch.Tensor:
+    """`data x scale` in `dtype`: e4m3 data `[..., MN, K]`, fp32 block scales `[..., ceil(MN/gm), ceil(K/gk)]`.
+
+    Example: data row [1.5, -2.0] with granularity (1, 2) and scale [[0.25]] -> [0.375, -0.5], exact
+    in bf16 (a power-of-two scale only shifts the exponent). A result that would round in `dtype`
+    (bf16 with a scale like 0.3) raises LayoutConversionError: nothing here changes a number."""
+    values = data.float() * _expanded(scale, granularity, data.shape[-2], data.shape[-1])
+    out = values.to(dtype)
+    if dtype != torch.float32 and not torch.equal(out.float(), values):
+        raise LayoutConversionError(f"data x scale does not fit {dtype} exactly (scales that are not powers of "
+                                    "two); store it in fp32 instead")
+    return out
+
+
+def _expanded(scale: torch.Tensor, granularity: tuple[int, int], mn: int, k: int) -> torch.Tensor:
+    gm, gk = granularity
+    return scale.repeat_interleave(gm, dim=-2)[..., :mn, :].repeat_interleave(gk, dim=-1)[..., :k]
+
+
+def _values_decode(operand: Any) -> Decoded:
+    """Back to e4m3 data: values / scale rounds to the original code (the fp32 product differs from
+    data x scale by at most an fp32 ulp, far inside half an e4m3 step), so the round trip is exact."""
+    gran = tuple(operand.storage_granularity)
+    mn, k = operand.data.shape[-2], operand.data.shape[-1]
+    data = (operand.data.float() / _expanded(operand.scale, gran, mn, k)).to(torch.float8_e4m3fn)
+    return Decoded(data, operand.scale, gran)
+
+
+def _values_format(name: str, dtype: torch.dtype, requires_pow2: bool, why: str) -> Format:
+    def encode(operand: Any) -> Encoded:
+        gran = tuple(operand.granularity)
+        values = block_dequantize(operand.data, operand.scale, gran, dtype)
+        return Encoded(values, operand.scale.contiguous(), gran)
+
+    kind = str(dtype).replace("torch.", "")
+    return Format(
+        name=name,
+        elements=("e4m3",),
+        scale_storage=f"fp32 block scales as quantized, kept for decoding only (the kernels read the {kind} "
+                      f"values, {why})",
+        granularity="as quantized (folded into the values at ingest)",
+        requires_pow2=requires_pow2,
+        encode=encode,
+        decode=_values_decode,
+        storage_granularity=lambda granularity: tuple(granularity),
+        data_layout=f"ND, K contiguous: {kind} values data x scale",
+    )
+
+
+ASCEND_BF16_VALUES = _values_format("ascend-dequantized-bf16", torch.bfloat16, True,
+                                    "exact: power-of-two scales only; 2 bytes per element")
+ASCEND_FP32_VALUES = _values_format("ascend-dequantized-fp32", torch.float32, False,
+                                    "exact for any fp32 scale; 4 bytes per element")

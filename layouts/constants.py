@@ -31,6 +31,8 @@ __all__ = [
     "KV_ROPE_OFFSET",
     "KV_FP8_BYTES_PER_TOKEN",
     "KV_PAGE_BLOCK_SIZE",
+    "ASCEND_KV_ROPE_OFFSET",
+    "ASCEND_KV_SCALES_OFFSET",
 ]
 
 # TMA (Tensor Memory Accelerator) needs every MN-major column of scales to start on 16 bytes.
@@ -75,3 +77,7 @@ KV_SCALES_OFFSET = KV_LATENT_DIM  # 512: fp8 latent bytes come first
 KV_ROPE_OFFSET = KV_SCALES_OFFSET + 4 * KV_NUM_SCALES  # 528
 KV_FP8_BYTES_PER_TOKEN = KV_ROPE_OFFSET + 2 * KV_ROPE_DIM  # 656
 KV_PAGE_BLOCK_SIZE = 64
+# CANN's npu_kv_quant_sparse_flash_attention orders the same 656 bytes [nope | rope | scales]
+# ("KV_D = nope + rope*2 + dequant_scale*4 = 512 + 64*2 + 4*4").
+ASCEND_KV_ROPE_OFFSET = KV_LATENT_DIM  # 512
+ASCEND_KV_SCALES_OFFSET = ASCEND_KV_ROPE_OFFSET + 2 * KV_ROPE_DIM  # 640

@@ -55,6 +55,7 @@ __all__ = [
     "ascend_mx_byte_view",
     "is_ascend_mx_layout",
     "ascend_mx_kmajor_encode",
+    "ascend_mx_kmajor_encode_from_blocks",
     "ascend_mx_kmajor_decode",
 ]
 
@@ -349,8 +350,10 @@ def ascend_mx_encode(sf32: torch.Tensor) -> torch.Tensor:
     `e[2p] | e[2p+1] << 8` (even block in the low byte); an odd trailing block pairs with 0.
     Raises LayoutConversionError unless every scale is a power of two.
 
-    As bytes this is `[ceil(K/64), MN, 2]` float8_e8m0fnu (`ascend_mx_byte_view`), what CANN's MX
-    quant matmul takes for an MN-major operand.
+    As bytes this is `[ceil(K/64), MN, 2]` float8_e8m0fnu (`ascend_mx_byte_view`): CANN's MX quant
+    matmul (aclnnQuantMatmulV5) takes this form only for MN-major data (x2 stored `(k, n)`, x1 stored
+    `(k, m)`), since each scale tensor must share its data's transposition. K-major data (A [M, K],
+    B [N, K]) takes `ascend_mx_kmajor_encode` instead.
 
     Worked example M = 3, K = 512 (16 blocks of 32 per row, 8 words per row), 48 bytes; byte
     `2*(3p + m) + j` holds e32[m][2p + j] = e[m][(2p + j) // 4]::
@@ -417,7 +420,18 @@ def ascend_mx_kmajor_encode(sf32: torch.Tensor) -> torch.Tensor:
     """Ascend MX scales for a K-major operand: float8_e8m0fnu `[(G,) MN, ceil(K/64), 2]`, contiguous.
 
     Byte [m, p, j] is the exponent of K-block 2p + j of row m; an odd trailing block pairs with 0.
-    For M = 3, K = 512 (scales e[m][kb] per 128): row m is the 16 bytes e_m0 x4, e_m1 x4, e_m2 x4, e_m3 x4.
+    This is CANN's MX scale for K-major data (aclnnQuantMatmulV5, MX table): x1 `(m, k)` takes
+    `(m, ceil(k/64), 2)`, a weight stored `(n, k)` (x2 transposed) takes `(n, ceil(k/64), 2)`, handed
+    to torch_npu as its transposed view `(ceil(k/64), n, 2)`; `npu_dynamic_mx_quant(x, axis=-1)`
+    returns the same form. Raises LayoutConversionError unless every scale is a power of two.
+
+    For M = 3, K = 512 (scales e[m][kb] per 128, so each repeats for four blocks of 32), 48 bytes::
+
+        byte  0   1   2   3   4   5   6   7   8 .. 11  12 .. 15 | 16 .. 31         | 32 .. 47
+              e00 e00 e00 e00 e01 e01 e01 e01 e02 x4   e03 x4   | row 1: e10 .. e13 | row 2: e20 .. e23
+              (pair 0)(pair 1)(pair 2)(pair 3) ...                (4 bytes per 128-block)
+
+    K = 96 (three blocks of 32, e.g. exponents a b c for one row): bytes `a b | c 00`.
     """
     s, grouped = _as_grouped("sf32", sf32, (torch.float32,), _FP32_FIX)
     e = ue8m0_exponents(s)
@@ -426,6 +440,29 @@ def ascend_mx_kmajor_encode(sf32: torch.Tensor) -> torch.Tensor:
     out = torch.empty((g, mn, words * ASCEND_BLOCKS_PER_WORD), dtype=torch.uint8, device=e.device)
     out[:, :, :kb].copy_(e)
     out[:, :, kb:].zero_()
+    out = out.view(g, mn, words, ASCEND_BLOCKS_PER_WORD).view(torch.float8_e8m0fnu)
+    return out if grouped else out[0]
+
+
+def ascend_mx_kmajor_encode_from_blocks(
+    sf: torch.Tensor, mn: int, k: int, block_mn: int = FP8_BLOCK_MN, block_k: int = FP8_BLOCK_K
+) -> torch.Tensor:
+    """K-major Ascend MX scales straight from power-of-two block scales `[(G,) ceil(MN/block_mn), ceil(K/block_k)]`.
+
+    Same bytes as `ascend_mx_kmajor_encode(regranularize_k(broadcast_block_scales_to_rows(sf, mn,
+    block_mn), k, block_k, 32))`; block_k must be a multiple of 32 (exact refinement). Use
+    block_mn = 1 for (1, 128) activation scales. Example: a weight N = 3, K = 128 with block scales
+    per (2, 64) `[[a, b], [c, d]]` (exponent bytes) gives rows 0 and 1 = `a a b b`, row 2 = `c c d d`.
+    """
+    s, grouped = _as_grouped("sf", sf, (torch.float32,), _FP32_FIX)
+    _check_block_rows(s, mn, block_mn)
+    e32 = regranularize_k(checked_exponents_int32(s), k, block_k, MX_BLOCK_K)  # [G, rows, ceil(K/32)]
+    rows = torch.arange(mn, device=s.device) // block_mn
+    e = e32.index_select(1, rows)
+    g, _, kb = e.shape
+    words = ceil_div(kb, ASCEND_BLOCKS_PER_WORD)
+    out = torch.zeros((g, mn, words * ASCEND_BLOCKS_PER_WORD), dtype=torch.uint8, device=s.device)
+    out[:, :, :kb].copy_(e)
     out = out.view(g, mn, words, ASCEND_BLOCKS_PER_WORD).view(torch.float8_e8m0fnu)
     return out if grouped else out[0]
 

@@ -10,6 +10,13 @@ Token layout (byte offsets)::
     [528, 656)  64 bf16 RoPE values, little-endian, copied unchanged
 
 A paged cache is uint8 [num_blocks, block_size, 1, 656] with stride(1) = 656.
+
+Ascend (CANN `npu_kv_quant_sparse_flash_attention`, Ascend 950 with float8_e4m3fn keys) keeps the
+same three parts in another order, [nope | rope | scales]; `flashmla_kv_to_ascend` and
+`ascend_kv_to_flashmla` move the bytes (exact, once per cache at ingest)::
+
+    FlashMLA  [0, 512) nope | [512, 528) 4 fp32 scales | [528, 656) 64 bf16 rope
+    Ascend    [0, 512) nope | [512, 640) 64 bf16 rope  | [640, 656) 4 fp32 scales
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import torch
 
 from ._util import require_dtype
 from .constants import (
+    ASCEND_KV_ROPE_OFFSET,
+    ASCEND_KV_SCALES_OFFSET,
     FP8_E4M3_MAX,
     KV_FP8_BYTES_PER_TOKEN,
     KV_HEAD_DIM,
@@ -31,7 +40,13 @@ from .constants import (
 from .errors import LayoutConversionError
 from .fp8_scales import fp8_scale_from_amax
 
-__all__ = ["pack_fp8_kv_cache", "unpack_fp8_kv_cache", "dequantize_fp8_kv_cache"]
+__all__ = [
+    "pack_fp8_kv_cache",
+    "unpack_fp8_kv_cache",
+    "dequantize_fp8_kv_cache",
+    "flashmla_kv_to_ascend",
+    "ascend_kv_to_flashmla",
+]
 
 
 def pack_fp8_kv_cache(latent: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -100,3 +115,36 @@ def dequantize_fp8_kv_cache(packed: torch.Tensor, dtype: torch.dtype = torch.bfl
     out[..., :KV_LATENT_DIM].copy_(latent)
     out[..., KV_LATENT_DIM:].copy_(rope)
     return out
+
+
+def _move_parts(packed: torch.Tensor, src: tuple[int, int, int], dst: tuple[int, int, int]) -> torch.Tensor:
+    """Copy the nope / scales / rope byte ranges of every token from offsets `src` to `dst`.
+
+    Offsets are (nope, scales, rope) starts; lengths are fixed (512, 16, 128). Returns a new
+    contiguous uint8 tensor of the same shape.
+    """
+    _check_packed(packed)
+    lengths = (KV_LATENT_DIM, KV_ROPE_OFFSET - KV_SCALES_OFFSET, KV_FP8_BYTES_PER_TOKEN - KV_ROPE_OFFSET)
+    out = torch.empty(packed.shape, dtype=torch.uint8, device=packed.device)
+    for s, d, n in zip(src, dst, lengths):
+        out[..., d : d + n].copy_(packed[..., s : s + n])
+    return out
+
+
+_FLASHMLA_PARTS = (0, KV_SCALES_OFFSET, KV_ROPE_OFFSET)
+_ASCEND_PARTS = (0, ASCEND_KV_SCALES_OFFSET, ASCEND_KV_ROPE_OFFSET)
+
+
+def flashmla_kv_to_ascend(packed: torch.Tensor) -> torch.Tensor:
+    """FlashMLA 656-byte tokens `[..., 656]` -> the Ascend order [nope | rope | scales], same shape.
+
+    Bytes 0..511 stay; FlashMLA's scale bytes 512..527 go to 640..655 and its RoPE bytes
+    528..655 to 512..639. Example (the token of `pack_fp8_kv_cache`'s docstring): Ascend bytes
+    512..513 = 80 3f (rope[0] = 1.0) and 640..643 = 00 00 80 3f (scale 1.0).
+    """
+    return _move_parts(packed, _FLASHMLA_PARTS, _ASCEND_PARTS)
+
+
+def ascend_kv_to_flashmla(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of `flashmla_kv_to_ascend`: [nope | rope | scales] tokens back to [nope | scales | rope]."""
+    return _move_parts(packed, _ASCEND_PARTS, _FLASHMLA_PARTS)

@@ -8,12 +8,11 @@ import sys
 
 import pytest
 import torch
-from portable_kernels.layouts import ascend_mx_byte_view
-
 import portable_kernels as pk
 from portable_kernels.testing.generators import poison, randn
 
-TARGETS = [("cpu", {}), ("nvidia", {"arch": "sm90"}), ("nvidia", {"arch": "sm100"}), ("ascend", {})]
+TARGETS = [("cpu", {}), ("nvidia", {"arch": "sm90"}), ("nvidia", {"arch": "sm100"}), ("ascend", {}),
+           ("ascend", {"soc": "910b"})]
 
 
 def _operands(m=3, n=130, k=512, seed=0):
@@ -22,18 +21,28 @@ def _operands(m=3, n=130, k=512, seed=0):
     return a, b
 
 
-def _prepare(backend, options, a=None, b=None):
+def _prepare(backend, options, a=None, b=None, op=pk.fp8_gemm_nt):
     tensors = {k: v for k, v in (("a", a), ("b", b)) if v is not None}
-    return pk.prepare_inputs(pk.fp8_gemm_nt, backend=backend, **tensors, **options)
+    return _prepare_for(op, backend, options, **tensors)
+
+
+def _prepare_for(op, backend, options, **tensors):
+    """prepare_inputs with backend options; it takes `arch` itself, other options through use_backend."""
+    if set(options) <= {"arch"}:
+        return pk.prepare_inputs(op, backend=backend, **tensors, **options)
+    with pk.use_backend(backend, **options):
+        return pk.prepare_inputs(op, **tensors)
 
 
 def test_each_backend_tags_its_own_format():
     a, b = _operands()
-    formats = {(name, opts.get("arch")): _prepare(name, opts, a, b)["b"].tag.format for name, opts in TARGETS}
+    formats = {(name, opts.get("arch") or opts.get("soc")): _prepare(name, opts, a, b)["b"].tag.format
+               for name, opts in TARGETS}
     assert formats == {("cpu", None): "fp32-row-major",
                        ("nvidia", "sm90"): "sm90-fp32-mn-major-tma",
                        ("nvidia", "sm100"): "sm100-ue8m0-int32-mn-major-tma",
-                       ("ascend", None): "ascend-mx-ue8m0-int16-mn-major"}
+                       ("ascend", None): "ascend-mx-ue8m0-kmajor-pairs",  # Ascend 950 by default in emulation
+                       ("ascend", "910b"): "ascend-dequantized-bf16"}
 
 
 def test_scale_bytes_differ_as_the_formats_say():
@@ -49,11 +58,9 @@ def test_scale_bytes_differ_as_the_formats_say():
     exps = (cpu.view(torch.int32) >> 23).to(torch.uint8)
     assert sm100.dtype == torch.int32 and sm100.shape == (3, 1) and sm100.stride() == (1, 4)
     assert torch.equal(sm100.flatten().view(torch.uint8).view(3, 4), exps)
-    # ascend: per-32 exponents, two per int16, MN-major without padding: bytes [K/64, M, 2]
-    assert ascend.dtype == torch.int16 and ascend.shape == (3, 8) and ascend.stride() == (1, 3)
-    as_bytes = ascend_mx_byte_view(ascend).view(torch.uint8)
-    assert as_bytes.shape == (8, 3, 2)
-    assert torch.equal(as_bytes.permute(1, 0, 2).reshape(3, 16), exps.repeat_interleave(4, dim=1))
+    # ascend (950): per-32 exponents as K-major pairs, CANN's x1 scale (m, ceil(k/64), 2), no padding
+    assert ascend.dtype == torch.float8_e8m0fnu and ascend.shape == (3, 8, 2) and ascend.is_contiguous()
+    assert torch.equal(ascend.view(torch.uint8).reshape(3, 16), exps.repeat_interleave(4, dim=1))
 
 
 def test_sm100_broadcasts_weight_block_scales_to_rows():
@@ -156,17 +163,17 @@ def test_grouped_gemms_give_identical_results_on_every_format():
         m_indices = contiguous_m_indices(counts, _alignment(name, options))  # 128 rows, 256 on ascend
         x = torch.zeros(m_indices.numel(), k)  # padding rows of A are zero by contract
         x[m_indices >= 0] = tokens
-        prepared = pk.prepare_inputs(pk.m_grouped_fp8_gemm_nt_contiguous, backend=name, b=w,
-                                     a=pk.per_token_cast_to_fp8(x, use_ue8m0=True), **options)
+        prepared = _prepare_for(pk.m_grouped_fp8_gemm_nt_contiguous, name, options, b=w,
+                                a=pk.per_token_cast_to_fp8(x, use_ue8m0=True))
         formats.add(prepared["b"].tag.format)
         d = poison(m_indices.numel(), n, dtype=torch.float32)
         pk.m_grouped_fp8_gemm_nt_contiguous(prepared["a"], prepared["b"], d, m_indices)
         contiguous.append(d[m_indices >= 0])
-        pm = pk.prepare_inputs(pk.m_grouped_fp8_gemm_nt_masked, backend=name, a=masked_a, b=w, **options)
+        pm = _prepare_for(pk.m_grouped_fp8_gemm_nt_masked, name, options, a=masked_a, b=w)
         dm = poison(3, 80, n, dtype=torch.float32)
         pk.m_grouped_fp8_gemm_nt_masked(pm["a"], pm["b"], dm, masked_m, expected_m=64)
         masked.append(dm)
-    assert "ascend-mx-ue8m0-int16-mn-major+nz-data" in formats and len(formats) == 4
+    assert {"ascend-mx-ue8m0-kmajor-pairs", "ascend-dequantized-bf16"} <= formats and len(formats) == 5
     assert torch.isfinite(contiguous[0]).all()
     for got in contiguous[1:]:
         assert torch.equal(got, contiguous[0])
@@ -179,7 +186,7 @@ def test_fp8_fp4_gemm_gives_identical_results_on_every_format():
     b = pk.per_token_cast_to_fp4(randn(70, 256, seed=11))
     results = []
     for name, options in TARGETS:
-        prepared = pk.prepare_inputs(pk.fp8_fp4_gemm_nt, backend=name, a=a, b=b, **options)
+        prepared = _prepare_for(pk.fp8_fp4_gemm_nt, name, options, a=a, b=b)
         d = poison(6, 70, dtype=torch.float32)
         pk.fp8_fp4_gemm_nt(prepared["a"], prepared["b"], d)
         results.append(d)

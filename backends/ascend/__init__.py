@@ -1,30 +1,50 @@
-"""ascend backend: Huawei Ascend NPUs (Ascend 950 MX formats).
+"""ascend backend: Huawei Ascend NPUs — Atlas A2 (910B), Atlas A3 (910_93) and Ascend 950.
 
-It stores quantized operands in `ASCEND_MX` (UE8M0 scales per (1, 32), two per int16, MN-major, no
-padding; ND data) and the weights of the grouped MoE GEMMs in `ASCEND_MX_NZ` (the same scales,
-FRACTAL_NZ data), with 256-row MoE segment alignment. For every op it registers the
-"layout-reference" oracle that decodes its own bytes and runs the contract math — a correctness
-tool, not a performance path. torch_npu operators and Ascend C kernels register later at higher
-priority. Nothing here has run on a real NPU: without torch_npu the backend runs in emulation on
-CPU tensors when chosen explicitly.
+Options: `soc` ("910b", "910c", "950"; detected from torch_npu on a device, 950 in emulation by
+default) and `scales` ("ue8m0": power-of-two scales, the default; "fp32": arbitrary fp32 block
+scales). Where quantized operands are stored (docs/ascend.md, *Byte formats at ingest*):
+
+- Ascend 950, scales="ue8m0": `ASCEND_MX_KMAJOR` (UE8M0 per (1, 32), K-major pairs) for every
+  operand — CANN's MX quant matmul form for K-major data;
+  scales="fp32": `PLAIN` (DeepGEMM's fp32 scales), read by npu_quant_matmul's G-B mode as is.
+- Atlas A2/A3 (no FP8): weights dequantized once at ingest, `ASCEND_BF16_VALUES` (exact for
+  power-of-two scales) or with scales="fp32" `ASCEND_FP32_VALUES`; activations `PLAIN`.
+
+Providers: "torch_npu..." (torch_npu_providers.py) call the CANN operators torch_npu documents, per
+chip; they need torch_npu and NPU tensors (tests hand them a stand-in instead). The
+"layout-reference" oracle decodes the backend's Formats and runs the contract math for every op —
+a correctness tool, not a performance path, and what runs in emulation without torch_npu.
+Nothing here has run on a real NPU.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from portable_kernels.layouts import ASCEND_MOE_ALIGNMENT, ASCEND_MX, ASCEND_MX_NZ
+import torch
+from portable_kernels.layouts import (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MOE_ALIGNMENT, ASCEND_MX_KMAJOR,
+                                      PLAIN)
 
 from portable_kernels.contract import QuantArg
 from portable_kernels.formats import Format
 from portable_kernels.oracle import register_oracles
 from portable_kernels.registry import Backend, Registry
 
-from . import runtime
+from . import chips, runtime, torch_npu_providers
 
 NAME = "ascend"
-#: ops whose weight operand the ascend backend stores as FRACTAL_NZ tiles
-NZ_WEIGHT_OP_PREFIX = "m_grouped_"
+SCALES = ("ue8m0", "fp32")
+#: FP4 weights on Atlas A2/A3 stay in the logical form (the dequantized Formats hold e4m3 data only)
+FP4_ARGS = {("fp8_fp4_gemm_nt", "b")}
+
+
+def format_for_chip(chip: str, scales: str, op: str, arg: QuantArg) -> Format:
+    """The Format of one quantized argument on one chip (see the module docstring)."""
+    if chips.has_fp8(chip):
+        return ASCEND_MX_KMAJOR if scales == "ue8m0" else PLAIN
+    if arg.role == "rhs" and (op, arg.name) not in FP4_ARGS:
+        return ASCEND_BF16_VALUES if scales == "ue8m0" else ASCEND_FP32_VALUES
+    return PLAIN
 
 
 class AscendBackend(Backend):
@@ -32,19 +52,29 @@ class AscendBackend(Backend):
     device_types = ("npu",)
     emulation = True
     moe_alignment = ASCEND_MOE_ALIGNMENT
+    options = {"soc": chips.CHIPS, "scales": SCALES}
 
     def unavailable_reason(self) -> str | None:
         return runtime.unavailable_reason()
 
+    def variants(self) -> list[dict[str, Any]]:
+        return [{"soc": "950"}, {"soc": "910b"}]
+
+    def default_options(self, device: torch.device) -> dict[str, Any]:
+        chip = runtime.detected_chip() if device.type == "npu" else None
+        return {"soc": chip} if chip else {}
+
     def format_for(self, op: str, arg: QuantArg, options: Mapping[str, Any]) -> Format:
-        return ASCEND_MX_NZ if arg.role == "rhs" and op.startswith(NZ_WEIGHT_OP_PREFIX) else ASCEND_MX
+        chip = options.get("soc") or runtime.detected_chip() or chips.DEFAULT_CHIP
+        return format_for_chip(chip, options.get("scales", "ue8m0"), op, arg)
 
     def formats(self) -> tuple[Format, ...]:
-        return (ASCEND_MX, ASCEND_MX_NZ)
+        return (ASCEND_MX_KMAJOR, PLAIN, ASCEND_BF16_VALUES, ASCEND_FP32_VALUES)
 
 
 def register(registry: Registry) -> None:
     """Entry point `portable_kernels.backends: ascend`."""
     backend = AscendBackend()
     registry.add_backend(backend)
+    torch_npu_providers.register(registry)
     register_oracles(registry, backend)

@@ -1,0 +1,240 @@
+"""MLA decode providers over torch_npu's attention ops (docs/ascend.md, *MLA decode*).
+
+Every call first gathers the cache tokens it reads into a compact paged cache shaped the way the
+CANN op wants it (one pass over the read set, never over the whole cache):
+
+- bf16 rows [nope 512 | rope 64] (FlashMLA's FP8 rows dequantized exactly: e4m3 x 2^e fits bf16),
+  split into the contiguous `key` / `key_rope` tensors the ops require;
+- or, on Ascend 950, FP8 rows in CANN's order [nope | rope | scales] (`flashmla_kv_to_ascend`).
+
+The compact cache gets identity block tables, so FlashMLA's absolute cache slots (sparse `indices`)
+become positions 0..L-1 of each batch's compact sequence, which is what CANN's indices are; -1
+entries are moved after the valid ones in each row (CANN: valid first, invalid after).
+
+Ops: Atlas A2/A3 dense -> `npu_fused_infer_attention_score` (MLA form, TND, `softmax_lse_flag`);
+A2/A3 sparse and Ascend 950 bf16 -> `npu_sparse_flash_attention`; Ascend 950 FP8 ->
+`npu_kv_quant_sparse_flash_attention` (dense decode = sparse decode over every position). The sparse
+ops return no lse in paged mode, so lse comes from torch ops on the compact rows (one extra QKᵀ
+pass). A query that sees no key gets FlashMLA's out 0 / lse +inf (CANN's result is undocumented).
+The longest sequence (dense) and FIA's length lists are read back to the host: one sync per call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from portable_kernels.layouts import (KV_LATENT_DIM, ascend_kv_to_flashmla, dequantize_fp8_kv_cache,
+                                      flashmla_kv_to_ascend)
+
+#: CANN's optimized rightDownCausal mask for sparse_mode 3: (2048, 2048), upper triangle masked
+CAUSAL_MASK_SIZE = 2048
+SPARSE_MODE_FULL, SPARSE_MODE_RIGHT_DOWN_CAUSAL = 0, 3
+#: MLA-absorb attention mode, per-tile (128) KV quantization, combined scale storage (KV quant SFA)
+ATTENTION_MODE_MLA_ABSORB = 2
+KEY_QUANT_MODE_PER_TILE = 2
+QUANT_SCALE_REPO_COMBINED = 1
+TILE_SIZE = 128
+ROPE_HEAD_DIM = 64
+#: block size of the compact caches (CANN: a multiple of 16, <= 1024)
+COMPACT_BLOCK = 64
+#: head counts the A2/A3 MLA kernels take (FIA / SFA docs)
+A2A3_MLA_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
+_masks: dict[torch.device, torch.Tensor] = {}
+
+
+def causal_mask(device: torch.device) -> torch.Tensor:
+    """The (2048, 2048) bool mask sparse_mode 3 requires (True = masked), built once per device."""
+    if device not in _masks:
+        _masks[device] = torch.ones(CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE, dtype=torch.bool, device=device).triu(1)
+    return _masks[device]
+
+
+# -- compact caches -------------------------------------------------------------------------------------
+
+def _rows(k_cache: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, form: str) -> torch.Tensor:
+    """Cache rows at absolute `slots` in `form` ("bf16": [.., 576] bf16; "ascend-fp8": [.., 656] uint8 in
+    CANN's order); invalid entries read slot 0 and are zeroed."""
+    flat = k_cache.reshape(k_cache.shape[0] * k_cache.shape[1], k_cache.shape[-1])
+    rows = flat[torch.where(valid, slots, 0).long()]
+    if form == "ascend-fp8":
+        rows = flashmla_kv_to_ascend(rows)
+    elif rows.dtype == torch.uint8:
+        rows = dequantize_fp8_kv_cache(rows)
+    return torch.where(valid[..., None], rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+
+
+def _paged(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[b, L, D] rows -> (cache [b·ceil(L/64), 64, 1, D], identity block_table int32 [b, ceil(L/64)])."""
+    b, length, d = rows.shape
+    per = max(1, -(-length // COMPACT_BLOCK))
+    padded = rows.new_zeros(b, per * COMPACT_BLOCK, d)
+    padded[:, :length] = rows
+    table = torch.arange(b * per, dtype=torch.int32, device=rows.device).view(b, per)
+    return padded.view(b * per, COMPACT_BLOCK, 1, d), table
+
+
+def compact_dense(k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor, form: str):
+    """The tokens of every sequence, compacted: (cache, block_table, lengths int32 [b], rows [b, S, D])."""
+    b, bs = cache_seqlens.shape[0], k_cache.shape[1]
+    s_max = max(int(cache_seqlens.max()), 1) if b else 1
+    pos = torch.arange(s_max, device=k_cache.device)
+    valid = pos[None, :] < cache_seqlens[:, None]
+    blocks = block_table.long().gather(1, torch.where(valid, pos // bs, 0))
+    rows = _rows(k_cache, blocks * bs + pos % bs, valid, form)
+    cache, table = _paged(rows)
+    return cache, table, cache_seqlens.to(torch.int32), rows
+
+
+def compact_sparse(k_cache: torch.Tensor, indices: torch.Tensor, form: str):
+    """The slots named by `indices` [b, s_q, topk], compacted per batch: (cache, block_table, lengths,
+    positions int32 [b, s_q, 1, topk] valid-first, rows [b, s_q·topk, D], visible [b, s_q, topk])."""
+    b, s_q, topk = indices.shape
+    valid = indices >= 0
+    rows = _rows(k_cache, indices.reshape(b, s_q * topk), valid.reshape(b, s_q * topk), form)
+    cache, table = _paged(rows)
+    pos = torch.arange(s_q * topk, dtype=torch.int32, device=indices.device).view(1, s_q, topk)
+    positions = torch.where(valid, pos, -1)
+    lengths = torch.full((b,), s_q * topk, dtype=torch.int32, device=indices.device)
+    return cache, table, lengths, valid_first(positions), rows, valid
+
+
+def valid_first(indices: torch.Tensor) -> torch.Tensor:
+    """int32 [b, s_q, 1, topk] with each row's -1 entries moved after its valid ones (order kept)."""
+    order = torch.sort((indices < 0).to(torch.int8), dim=-1, stable=True).indices
+    return indices.gather(-1, order).unsqueeze(2).contiguous()
+
+
+def _split(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous nope [.., 512] and rope [.., 64] of a bf16 [.., 576] cache (the ops refuse strided keys)."""
+    return cache[..., :KV_LATENT_DIM].contiguous(), cache[..., KV_LATENT_DIM:].contiguous()
+
+
+# -- lse and empty rows ----------------------------------------------------------------------------------
+
+def _lse_and_empty_rows(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, softmax_scale: float,
+                        out: torch.Tensor, lse: torch.Tensor) -> None:
+    """lse [b, h_q, s_q] from q [b, s_q, h_q, 576] and keys fp32 [b, s_q or 1, L, 576] visible [b, s_q, L];
+    rows that see nothing get out 0 and lse +inf (FlashMLA's rule)."""
+    logits = torch.einsum("bqhd,bqkd->bqhk", q.float(), keys.expand(-1, q.shape[1], -1, -1)) * softmax_scale
+    logits = logits.masked_fill(~visible[:, :, None, :], -math.inf)
+    row_lse = torch.logsumexp(logits, dim=-1)                                   # [b, s_q, h_q]
+    empty = ~visible.any(-1)                                                    # [b, s_q]
+    lse.copy_(row_lse.masked_fill(empty[..., None], math.inf).transpose(1, 2))
+    out.masked_fill_(empty[:, :, None, None], 0.0)
+
+
+def _row_keys(rows: torch.Tensor) -> torch.Tensor:
+    """fp32 [.., 576] keys of compact rows (CANN-order FP8 rows dequantized)."""
+    if rows.dtype == torch.uint8:
+        return dequantize_fp8_kv_cache(ascend_kv_to_flashmla(rows), torch.float32)
+    return rows.float()
+
+
+def _dense_visible(lengths: torch.Tensor, s_q: int, s_max: int, causal: bool) -> torch.Tensor:
+    pos = torch.arange(s_max, device=lengths.device)
+    visible = (pos[None, None, :] < lengths[:, None, None]).expand(-1, s_q, -1)
+    if causal:
+        last = lengths.long()[:, None] - s_q + torch.arange(s_q, device=lengths.device)
+        visible = visible & (pos[None, None, :] <= last[:, :, None])
+    return visible
+
+
+def dense_positions(lengths: torch.Tensor, s_q: int, s_max: int) -> torch.Tensor:
+    """int32 [b, s_q, 1, S]: positions 0..s_k-1 of each sequence, -1 past its end (dense as sparse)."""
+    pos = torch.arange(s_max, dtype=torch.int32, device=lengths.device)
+    idx = torch.where(pos[None, :] < lengths[:, None], pos[None, :], -1)
+    return idx[:, None, None, :].expand(-1, s_q, 1, -1).contiguous()
+
+
+# -- the CANN calls ----------------------------------------------------------------------------------------
+
+def _sfa_bf16(npu, q, cache, table, lengths, positions, mode, scale):
+    nope, rope = _split(cache)
+    return npu.npu_sparse_flash_attention(
+        q[..., :KV_LATENT_DIM].contiguous(), nope, nope, positions, scale, block_table=table,
+        actual_seq_lengths_kv=lengths, query_rope=q[..., KV_LATENT_DIM:].contiguous(), key_rope=rope,
+        sparse_block_size=1, layout_query="BSND", layout_kv="PA_BSND", sparse_mode=mode,
+        attention_mode=ATTENTION_MODE_MLA_ABSORB, return_softmax_lse=False)[0]
+
+
+def _sfa_fp8(npu, q, cache, table, lengths, positions, mode, scale):
+    keys = cache.view(torch.float8_e4m3fn)
+    return npu.npu_kv_quant_sparse_flash_attention(
+        q.contiguous(), keys, keys, positions, scale, KEY_QUANT_MODE_PER_TILE, KEY_QUANT_MODE_PER_TILE,
+        block_table=table, actual_seq_lengths_kv=lengths, sparse_block_size=1, layout_query="BSND",
+        layout_kv="PA_BSND", sparse_mode=mode, attention_mode=ATTENTION_MODE_MLA_ABSORB,
+        quant_scale_repo_mode=QUANT_SCALE_REPO_COMBINED, tile_size=TILE_SIZE, rope_head_dim=ROPE_HEAD_DIM)
+
+
+def sparse_decode(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
+                  out: torch.Tensor, lse: torch.Tensor, fp8_op: bool) -> None:
+    """Sparse decode (FlashMLA's absolute-slot `indices` [b, s_q, topk]). fp8_op: Ascend 950's KV-quant op
+    on CANN-order FP8 rows; else npu_sparse_flash_attention on bf16 rows."""
+    form = "ascend-fp8" if fp8_op else "bf16"
+    cache, table, lengths, positions, rows, visible = compact_sparse(k_cache, indices, form)
+    call = _sfa_fp8 if fp8_op else _sfa_bf16
+    out.copy_(call(npu, q, cache, table, lengths, positions, SPARSE_MODE_FULL, softmax_scale))
+    b, s_q, topk = indices.shape
+    keys = _row_keys(rows).view(b, s_q, topk, -1)
+    _lse_and_empty_rows(q, keys, visible, softmax_scale, out, lse)
+
+
+def dense_decode_as_sparse(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+                           cache_seqlens: torch.Tensor, softmax_scale: float, causal: bool, out: torch.Tensor,
+                           lse: torch.Tensor, fp8_op: bool) -> None:
+    """Dense decode through a sparse op over every position 0..s_k-1 (sparse_mode 3 for causal)."""
+    s_q = q.shape[1]
+    form = "ascend-fp8" if fp8_op else "bf16"
+    cache, table, lengths, rows = compact_dense(k_cache, block_table, cache_seqlens, form)
+    s_max = rows.shape[1]
+    mode = SPARSE_MODE_RIGHT_DOWN_CAUSAL if causal and s_q > 1 else SPARSE_MODE_FULL
+    call = _sfa_fp8 if fp8_op else _sfa_bf16
+    out.copy_(call(npu, q, cache, table, lengths, dense_positions(lengths, s_q, s_max), mode, softmax_scale))
+    visible = _dense_visible(lengths, s_q, s_max, causal and s_q > 1)
+    _lse_and_empty_rows(q, _row_keys(rows)[:, None], visible, softmax_scale, out, lse)
+
+
+def dense_decode_fused_infer(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+                             cache_seqlens: torch.Tensor, softmax_scale: float, causal: bool, out: torch.Tensor,
+                             lse: torch.Tensor) -> None:
+    """Atlas A2/A3 dense decode through npu_fused_infer_attention_score (MLA, TND, lse from the op).
+
+    Empty sequences are not sent (out 0, lse +inf). A causal batch with fewer keys than queries would
+    block CANN's rightDownCausal mode ("actual_seq_lengths_kv - actual_seq_lengths < 0"), so such
+    batches go through npu_sparse_flash_attention over their positions.
+    """
+    b, s_q, h_q, _ = q.shape
+    seqlens = [int(v) for v in cache_seqlens.tolist()]  # FIA takes host lists
+    out.zero_()
+    lse.fill_(math.inf)
+    short = [i for i, n in enumerate(seqlens) if causal and 0 < n < s_q]
+    full = [i for i, n in enumerate(seqlens) if n > 0 and i not in short]
+    if full:
+        rows = torch.tensor(full, device=q.device)
+        lengths = cache_seqlens.index_select(0, rows)
+        cache, table, _, _ = compact_dense(k_cache, block_table.index_select(0, rows), lengths, "bf16")
+        nope, rope = _split(cache)
+        nb = cache.shape[0]
+        qs = q.index_select(0, rows).reshape(len(full) * s_q, h_q, -1)
+        mode = SPARSE_MODE_RIGHT_DOWN_CAUSAL if causal and s_q > 1 else SPARSE_MODE_FULL
+        attn, softmax_lse = npu.npu_fused_infer_attention_score(
+            qs[..., :KV_LATENT_DIM].contiguous(), nope.view(nb, COMPACT_BLOCK, -1), nope.view(nb, COMPACT_BLOCK, -1),
+            query_rope=qs[..., KV_LATENT_DIM:].contiguous(), key_rope=rope.view(nb, COMPACT_BLOCK, -1),
+            atten_mask=causal_mask(q.device) if mode == SPARSE_MODE_RIGHT_DOWN_CAUSAL else None,
+            actual_seq_lengths=[s_q * (j + 1) for j in range(len(full))],
+            actual_seq_lengths_kv=[seqlens[i] for i in full], block_table=table, num_heads=h_q, scale=softmax_scale,
+            input_layout="TND", num_key_value_heads=1, sparse_mode=mode, block_size=COMPACT_BLOCK,
+            softmax_lse_flag=True)
+        out.index_copy_(0, rows, attn.view(len(full), s_q, h_q, -1).to(out.dtype))
+        lse.index_copy_(0, rows, softmax_lse.view(len(full), s_q, h_q).permute(0, 2, 1).to(lse.dtype))
+    if short:
+        rows = torch.tensor(short, device=q.device)
+        o = torch.empty(len(short), *out.shape[1:], dtype=out.dtype, device=out.device)
+        l_ = torch.empty(len(short), *lse.shape[1:], dtype=lse.dtype, device=lse.device)
+        dense_decode_as_sparse(npu, q.index_select(0, rows), k_cache, block_table.index_select(0, rows),
+                               cache_seqlens.index_select(0, rows), softmax_scale, causal, o, l_, fp8_op=False)
+        out.index_copy_(0, rows, o)
+        lse.index_copy_(0, rows, l_)
