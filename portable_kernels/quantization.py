@@ -86,18 +86,24 @@ class CastInputs(Inputs):
         return {"MN": self.x.shape[-2], "K": self.x.shape[-1]}
 
 
+def nonfinite_ue8m0_error(op: str, arg: str = "x") -> ContractError:
+    """The contract's error for NaN/Inf input when scales are rounded to powers of two (a block
+    holding NaN/Inf has no UE8M0 scale)."""
+    return ContractError(format_problem(
+        op, arg, "a tensor with NaN or Inf values", "finite values when scales are rounded to powers of two",
+        "clamp the input first (e.g. x.clamp(-1e4, 1e4)), or quantize with use_ue8m0=False (its NaN/Inf "
+        "stay in their block)"))
+
+
 @contextlib.contextmanager
 def refusing_nonfinite_ue8m0(op: str, arg: str = "x") -> Iterator[None]:
-    """Turn the layouts' refusal to round a NaN/Inf scale to UE8M0 into the contract's error: with
-    power-of-two scales, a block holding NaN/Inf has no scale. Quantizer providers use this (or
-    raise the same ContractError from their own pass); conformance holds them to it."""
+    """Turn the layouts' refusal to round a NaN/Inf scale to UE8M0 into the contract's error.
+    Quantizer providers use this, or raise `nonfinite_ue8m0_error` from their own pass;
+    conformance holds every provider to it."""
     try:
         yield
     except LayoutConversionError as exc:
-        raise ContractError(format_problem(
-            op, arg, "a tensor with NaN or Inf values", "finite values when scales are rounded to powers of two",
-            "clamp the input first (e.g. x.clamp(-1e4, 1e4)), or quantize with use_ue8m0=False (its NaN/Inf "
-            "stay in their block)")) from exc
+        raise nonfinite_ue8m0_error(op, arg) from exc
 
 
 def fp8_cast_kernel(call: CastInputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,8 @@ from portable_kernels.layouts import SCALE_AMAX_FLOOR, ue8m0_to_fp32
 
 #: npu_dynamic_mx_quant's scale_alg whose scale is ceil_pow2(amax / dst_max) (aclnnDynamicMxQuant "场景2")
 SCALE_ALG_CEIL = 1
+#: the UE8M0 code of a NaN scale (what a block holding NaN/Inf gets)
+E8M0_NAN = 0xFF
 #: block_size limits (aclnnDynamicMxQuant: a multiple of 32, > 0, <= 1024)
 MX_BLOCK_MULTIPLE, MX_BLOCK_MAX = 32, 1024
 

@@ -15,11 +15,13 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from portable_kernels.checks import checks_values
 from portable_kernels.errors import BackendUnavailableError
 from portable_kernels.mla import reject_bad_cache_references
 from portable_kernels.layouts import (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX_KMAJOR, PLAIN,
                                       ascend_mx_kmajor_encode_from_blocks)
 from portable_kernels.providers import Limit
+from portable_kernels.quantization import nonfinite_ue8m0_error
 from portable_kernels.registry import Registry, forced_backend
 from portable_kernels.tensors import PreparedTensor
 from portable_kernels.topk import reject_nan
@@ -261,7 +263,10 @@ def _mx_cast(call: Any) -> tuple[torch.Tensor, torch.Tensor]:
     npu = _npu()
     gk = call.granularity[1]
     k = call.x.shape[-1]
-    data, scale = npu_quant.mx_cast_fp32_scales(npu, call.x, gk)
+    data, pairs = npu_quant.mx_cast_pairs(npu, call.x, gk)
+    if checks_values(pairs) and bool((pairs.view(torch.uint8) == npu_quant.E8M0_NAN).any()):
+        raise nonfinite_ue8m0_error("per_token_cast_to_fp8")  # a NaN/Inf block has no UE8M0 scale
+    scale = npu_quant.pairs_to_fp32(pairs, -(-k // gk))
     if call.out_format is ASCEND_MX_KMAJOR:
         return data, ascend_mx_kmajor_encode_from_blocks(scale, call.x.shape[-2], k, block_mn=1, block_k=gk)
     return data, scale
