@@ -95,11 +95,36 @@ def _layout_name(tag) -> str:
     return f"{tag.format}" + (f" [{arch}]" if arch else "")
 
 
+#: calc_diff bound the demo calls a pass: the GEMM against its dequantized operands (bf16 output)
+PASS_BOUND = 1e-5
+
+
+def format_verdicts(rows: list[DemoRow]) -> str:
+    """One line per backend row: pass/fail against the contract, or why it was skipped."""
+    lines = []
+    for r in rows:
+        label = f"{r.backend}{' ' + r.layout if r.layout != '-' else ''}"
+        if r.note:
+            lines.append(f"  {label}: not run ({r.note.removeprefix('skipped: ')})")
+        elif r.diff_dequantized <= PASS_BOUND:
+            lines.append(f"  {label}: PASS (diff vs dequantized {r.diff_dequantized:.1e} <= {PASS_BOUND:.0e})")
+        else:
+            lines.append(f"  {label}: FAIL (diff vs dequantized {r.diff_dequantized:.1e} > {PASS_BOUND:.0e})")
+    return "verdict:\n" + "\n".join(lines)
+
+
+def format_legend() -> str:
+    return ("legend: diff = calc_diff = 1 - 2·Σxy/Σ(x²+y²) in float64 (0 = identical); 'vs dequant' compares with "
+            "the product of the dequantized operands (the kernel's own error), 'vs exact' with the unquantized "
+            "product (the error of FP8 itself). time = median of 3 runs; 'emulated' = a backend run on CPU tensors "
+            "from its own bytes through its layout-reference oracle (a correctness check, not that chip's speed).")
+
+
 def format_table(rows: list[DemoRow]) -> str:
     header = ("backend", "device", "weight scale layout", "diff vs dequant", "diff vs exact", "time")
     body = [(r.backend, r.device, r.layout, r.note) if r.note else
             (r.backend, r.device, r.layout, f"{r.diff_dequantized:.2e}", f"{r.diff_unquantized:.2e}",
-             f"{r.seconds * 1e3:.1f} ms") for r in rows]
+             f"{r.seconds * 1e3:.1f} ms" + (" (emulated)" if "emulation" in r.device else "")) for r in rows]
     widths = [max(len(str(row[i])) for row in [header, *body] if len(row) == len(header) or i < 3)
               for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [header, *body]]

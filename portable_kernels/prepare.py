@@ -99,13 +99,15 @@ def _target_device(device: str | torch.device | None) -> torch.device | None:
 
 
 def prepare_inputs(op: str | Callable[..., Any], *, device: str | torch.device | None = None,
-                   backend: str | None = None, arch: str | None = None, **tensors: Any) -> dict[str, Any]:
+                   backend: str | None = None, arch: str | None = None, options: dict[str, Any] | None = None,
+                   **tensors: Any) -> dict[str, Any]:
     """Return the op's arguments with every quantized one converted into the chosen backend's Format.
 
     op:      the op's name ("fp8_gemm_nt") or its public function (fp8_gemm_nt)
     device:  move the tensors there first (e.g. "cuda"); the backend follows from it
     backend: force a backend by name; on CPU tensors "nvidia"/"ascend" run in emulation
     arch:    option for backends with several formats (nvidia: "sm90" or "sm100")
+    options: any other options the backend declares (e.g. {"soc": "950"} for ascend; see doctor)
     tensors: the op's arguments by name; quantized ones may be QuantTensors or (data, scale) tuples
 
     Returns a dict of the same names: quantized arguments become PreparedTensors holding their
@@ -131,7 +133,10 @@ def prepare_inputs(op: str | Callable[..., Any], *, device: str | torch.device |
             plain[name] = _move(value, dev)
     tags = {n: (v.backend, v.params) for n, v in logical.items() if isinstance(v, PreparedTensor)}
     involved = [v.data for v in logical.values()] + [v for v in plain.values() if isinstance(v, torch.Tensor)]
+    chosen = dict(options or {})
+    if arch is not None:
+        chosen["arch"] = arch
     selection = select_backend(contract.name, common_device(contract.name, involved), tags, requested=backend,
-                               options={"arch": arch} if arch is not None else None)
+                               options=chosen or None)
     prepared = {n: to_backend(contract, n, v, selection, implicit=False) for n, v in logical.items()}
     return {**plain, **prepared}

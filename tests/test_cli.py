@@ -45,3 +45,41 @@ def test_layouts_plot_writes_the_pictures(tmp_path, capsys):
     for path in written:
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_user_errors_are_one_line_with_exit_code_2(capsys, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    for argv, fragment in ((["conformance", "--backend", "nope"], "'nope' is not registered"),
+                           (["conformance", "--quick", "--ops", "nope"], "no conformance cases for ['nope']"),
+                           (["conformance", "--backend", "nvidia", "--arch", "sm_100", "--quick"], "not one of"),
+                           (["conformance", "--option", "archh"], "KEY=VALUE"),
+                           (["layouts", "--plot", str(blocked / "sub")], "error:"),
+                           (["demo", "--k", "0"], "--k must be a positive int")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert fragment in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_demo_prints_verdicts_legend_and_marks_emulated_times(capsys):
+    assert main(["demo", "--m", "4", "--n", "128", "--k", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict:" in out and "cpu fp32-row-major: PASS" in out and "legend:" in out
+    assert "(emulated)" in out
+
+
+def test_demo_help_describes_every_option(capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    for option, words in (("--m", "tokens"), ("--n", "output features"), ("--k", "hidden size")):
+        assert option in out and words in out
+
+
+def test_layouts_without_matplotlib_is_a_one_line_error(capsys, monkeypatch, tmp_path):
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    assert main(["layouts", "--plot", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'portable-kernels[plot]'" in err and "Traceback" not in err
