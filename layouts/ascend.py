@@ -25,12 +25,13 @@ from typing import Any
 import torch
 
 from ._util import ceil_div
-from .constants import MX_BLOCK_K
+from .constants import ASCEND_BLOCKS_PER_WORD, MX_BLOCK_K
 from .errors import LayoutConversionError
-from .format import ELEMENTS, Decoded, Encoded, Format
+from .format import (ELEMENTS, Decoded, Encoded, Format, block_scale_shape, nd_data_problem, scale_problem,
+                     stored_columns)
 from .fp8_scales import (ascend_mx_decode, ascend_mx_encode_from_blocks, ascend_mx_kmajor_decode,
-                         ascend_mx_kmajor_encode_from_blocks)
-from .nz import nd_to_nz, nz_to_nd
+                         ascend_mx_kmajor_encode_from_blocks, is_ascend_mx_layout)
+from .nz import nd_to_nz, nz_shape, nz_to_nd
 
 
 def _mx_scales(operand: Any):
@@ -137,6 +138,18 @@ def _kmajor_decode(operand: Any) -> Decoded:
     return Decoded(operand.data, ascend_mx_kmajor_decode(operand.scale, ceil_div(operand.shape[-1], gran[1])), gran)
 
 
+def _kmajor_validate(operand: Any) -> str | None:
+    if tuple(operand.storage_granularity) != (1, MX_BLOCK_K):
+        return f"storage granularity {operand.storage_granularity} is not (1, {MX_BLOCK_K})"
+    *lead, mn, k = operand.shape
+    pairs = ceil_div(ceil_div(k, MX_BLOCK_K), ASCEND_BLOCKS_PER_WORD)
+    problem = nd_data_problem(operand) or scale_problem(operand, torch.float8_e8m0fnu,
+                                                        (*lead, mn, pairs, ASCEND_BLOCKS_PER_WORD))
+    if problem is None and not operand.scale.is_contiguous():
+        problem = f"scale pairs have strides {operand.scale.stride()}, expected contiguous"
+    return problem
+
+
 ASCEND_MX_KMAJOR = Format(
     name="ascend-mx-ue8m0-kmajor-pairs",
     elements=ELEMENTS,
@@ -147,6 +160,7 @@ ASCEND_MX_KMAJOR = Format(
     encode=_kmajor_encode,
     decode=_kmajor_decode,
     storage_granularity=_mx_granularity,
+    validate=_kmajor_validate,
 )
 
 
@@ -189,6 +203,12 @@ def _values_format(name: str, dtype: torch.dtype, requires_pow2: bool, why: str)
         values = block_dequantize(operand.data, operand.scale, gran, dtype)
         return Encoded(values, operand.scale.contiguous(), gran)
 
+    def validate(operand: Any) -> str | None:
+        data = operand.data
+        if data.dtype != dtype or tuple(data.shape) != tuple(operand.shape):
+            return f"data is {data.dtype} {tuple(data.shape)}, expected {dtype} values of shape {tuple(operand.shape)}"
+        return scale_problem(operand, torch.float32, block_scale_shape(operand))
+
     kind = str(dtype).replace("torch.", "")
     return Format(
         name=name,
@@ -201,6 +221,7 @@ def _values_format(name: str, dtype: torch.dtype, requires_pow2: bool, why: str)
         decode=_values_decode,
         storage_granularity=lambda granularity: tuple(granularity),
         data_layout=f"ND, K contiguous: {kind} values data x scale",
+        validate=validate,
     )
 
 

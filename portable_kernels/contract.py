@@ -110,7 +110,8 @@ def get_contract(op: str | Callable[..., Any]) -> OpContract:
     name = getattr(op, "__pk_op__", op)
     if not isinstance(name, str) or name not in _CONTRACTS:
         known = ", ".join(sorted(_CONTRACTS))
-        raise ContractError(f"unknown op {op!r}; known ops: {known}.")
+        raise ContractError(f"unknown op {op!r}; known ops: {known}. Fix: pass one of those names or the op's "
+                            f"public function.")
     return _CONTRACTS[name]
 
 

@@ -192,6 +192,13 @@ def get_m_alignment_for_contiguous_layout(device: str | torch.device | None = No
     try:
         dev = torch.device("cpu" if device is None else device)
     except (RuntimeError, TypeError) as exc:
+        kind = str(device).split(":")[0]
+        for backend in reg.backends().values():  # a device type a backend names, absent from this torch
+            if kind in backend.device_types:
+                raise BackendUnavailableError(
+                    f"{op}: device {device!r} of backend {backend.name!r} is not available here: "
+                    f"{backend.unavailable_reason() or 'this torch has no such device type'}. Fix: ask inside "
+                    f"use_backend({backend.name!r}) to get its alignment in emulation.") from exc
         raise ContractError(format_problem(op, "device", repr(device), "a torch device such as 'cpu' or 'cuda'",
                                            "pass a valid device, or call inside use_backend(...)")) from exc
     backend = reg.backend_for_device(dev)

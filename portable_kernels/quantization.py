@@ -137,8 +137,14 @@ def consumer(prepare_for: str | Callable[..., Any] | None, arg: str) -> OpContra
     """The contract of the op that will consume a quantizer's result (checked before anything runs)."""
     if prepare_for is None:
         return None
-    target = get_contract(prepare_for)
-    target.quant_arg(arg)
+    try:
+        target = get_contract(prepare_for)
+    except ContractError as exc:
+        raise ContractError(f"argument 'prepare_for': {exc}") from None
+    if not any(qa.name == arg for qa in target.quant_args):
+        known = ", ".join(qa.name for qa in target.quant_args) or "none"
+        raise ContractError(format_problem("prepare_for", "arg", repr(arg), f"a quantized argument of {target.name} "
+                                           f"({known})", f"pass arg= one of {known}"))
     return target
 
 

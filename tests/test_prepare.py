@@ -120,3 +120,14 @@ def test_prepared_tensor_and_quant_tensor_print_readable_summaries():
     text = repr(pk.prepare_inputs(pk.fp8_gemm_nt, b=b)["b"])
     assert "cpu:fp32-row-major" in text and "(32, 256)" in text
     assert "granularity=(1, 128)" in repr(a)
+
+
+def test_prepared_weights_round_trip_through_torch_save_by_format_name(tmp_path):
+    _, b = _quantized(True)
+    for backend, options in (("cpu", {}), ("nvidia", {"arch": "sm100"}), ("ascend", {})):
+        prepared = pk.prepare_inputs(pk.fp8_gemm_nt, backend=backend, options=options, b=b)["b"]
+        path = tmp_path / f"{backend}.pt"
+        torch.save(prepared, path)
+        loaded = torch.load(path, weights_only=False)
+        assert loaded.format is prepared.format and loaded.tag == prepared.tag
+        assert torch.equal(pk.dequantize(loaded), pk.dequantize(prepared))
