@@ -1,0 +1,243 @@
+"""Normal-mode dispatch and combine over a transport (one rank's side of the exchange).
+
+Dispatch: each token goes once to each rank in its `is_token_in_rank` row, in (destination,
+token) order, so every rank receives rows ordered by source rank, then source token — DeepEP's
+order. Two payload collectives: the token rows (received straight into `recv_x`, no unpacking
+copy), and one packed metadata row per token (FP8 scales, top-k ids and weights, source index).
+Combine sends the received rows back in the order they arrived, with their source index, and
+each source rank adds the returned rows of each token in fp32 — following the source index the
+handle holds, and refusing rows for tokens it never sent to that rank.
+
+Each op is split in `plan_*` (local: validate, order, count; builds the header) and `run_*`
+(after every rank agreed: move the payload). Argument validation lives in the Buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import torch
+
+from ..errors import ContractError, format_problem
+from ..layouts.moe import aligned_counts
+from .agreement import Agreement
+from .constants import NO_EXPERT
+from .results import DispatchHandle
+from .transport import Transport
+from .wire import FORMS, Field, as_bytes, pack_rows, row_bytes, unpack_rows
+
+
+@attrs.frozen(eq=False)
+class DispatchPlan:
+    """One rank's dispatch, ready to run: what goes where and what the header says."""
+
+    x: torch.Tensor                      # token data [T, H] (fp8 data for an FP8 pair)
+    scales: torch.Tensor | None          # fp32 [T, H/128] for FP8
+    is_token_in_rank: torch.Tensor       # bool [T, R]
+    dest_token: torch.Tensor             # int64 [S]: the token of each sent row, destination-major
+    send_rows: list[int]
+    topk_idx: torch.Tensor | None
+    topk_weights: torch.Tensor | None
+    num_experts: int                     # 0 in a cached dispatch
+    num_tokens_per_expert: torch.Tensor | None
+    expert_alignment: int
+    num_worst_tokens: int
+    handle: DispatchHandle | None        # the cached handle
+    fields: dict[Field, int]
+    expect_rows: list[int] | None
+    must_match: tuple[Field, ...]
+
+
+def _meta_parts(plan: DispatchPlan) -> list[torch.Tensor]:
+    """Per-token metadata travelling beside the rows: scales, ids, weights, source index."""
+    parts = [] if plan.scales is None else [plan.scales]
+    if plan.handle is None:
+        if plan.topk_idx is not None:
+            parts.append(plan.topk_idx)
+            if plan.topk_weights is not None:
+                parts.append(plan.topk_weights)
+        parts.append(torch.arange(plan.x.shape[0], dtype=torch.int32, device=plan.x.device))
+    return parts
+
+
+def plan_dispatch(x: torch.Tensor, scales: torch.Tensor | None, is_token_in_rank: torch.Tensor,
+                  topk_idx: torch.Tensor | None, topk_weights: torch.Tensor | None, num_experts: int,
+                  num_tokens_per_expert: torch.Tensor | None, expert_alignment: int, num_worst_tokens: int,
+                  handle: DispatchHandle | None, budget: int) -> DispatchPlan:
+    num_ranks = is_token_in_rank.shape[1]
+    dest, token = is_token_in_rank.T.nonzero(as_tuple=True)
+    send_rows = torch.bincount(dest, minlength=num_ranks).tolist()
+    expect = None
+    if handle is not None:
+        ends = handle.rank_prefix_matrix[:, handle.rank].long()
+        expect = (ends - torch.cat((ends.new_zeros(1), ends[:-1]))).tolist()
+    plan = DispatchPlan(x, scales, is_token_in_rank, token, send_rows, topk_idx, topk_weights, num_experts,
+                        num_tokens_per_expert, expert_alignment, num_worst_tokens, handle, {}, expect, ())
+    meta_bytes = sum(row_bytes(p) for p in _meta_parts(plan))
+    fields = {Field.NUM_EXPERTS: num_experts, Field.HIDDEN: x.shape[1],
+              Field.FORM: FORMS["fp8" if scales is not None else x.dtype],
+              Field.NUM_TOPK: 0 if topk_idx is None else topk_idx.shape[1],
+              Field.HAS_WEIGHTS: int(topk_weights is not None), Field.NUM_TOKENS: x.shape[0],
+              Field.BUDGET: budget, Field.MAX_TOKENS: num_worst_tokens,
+              Field.ROW_BYTES: row_bytes(x) + meta_bytes}
+    must = (Field.HIDDEN, Field.FORM, Field.NUM_TOPK, Field.HAS_WEIGHTS, Field.ROW_BYTES)
+    if handle is None:
+        must += (Field.NUM_EXPERTS,)
+    return attrs.evolve(plan, fields=fields, must_match=must)
+
+
+def staging_need(agreement: Agreement, rank: int) -> int:
+    """Bytes rank stages for this call: the larger of its sent and received rows, at the call's row size."""
+    sent, received = sum(agreement.send_rows(rank)), sum(agreement.recv_rows(rank))
+    return max(sent, received) * agreement.field(Field.ROW_BYTES, rank)
+
+
+def _check_worst_tokens(op: str, agreement: Agreement, description: str) -> None:
+    """Every rank knows every rank's receive count, so this refusal happens on all ranks alike."""
+    for r in range(len(agreement.send)):
+        worst, received = agreement.field(Field.MAX_TOKENS, r), sum(agreement.recv_rows(r))
+        if worst and received > worst:
+            raise ContractError(format_problem(op, "num_worst_tokens", f"{worst} on rank {r} of {description}",
+                                               f"at least the {received} rows that rank receives",
+                                               "raise num_worst_tokens (num_tokens * num_ranks always fits)"))
+
+
+def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, agreement: Agreement,
+                 staging: Callable[[int, torch.device], torch.Tensor]) -> tuple[Any, ...]:
+    """Move the rows; returns DeepEP's (recv_x, recv_topk_idx, recv_topk_weights, counts, handle)."""
+    _check_worst_tokens(op, agreement, transport.description)
+    device, me, num_ranks = plan.x.device, transport.rank, transport.num_ranks
+    recv_splits = agreement.recv_rows()
+    received = sum(recv_splits)
+    rows = max(received, plan.num_worst_tokens)
+
+    data_bytes = as_bytes(plan.x)
+    send = staging(plan.dest_token.numel() * data_bytes.shape[1], device).view(-1, data_bytes.shape[1])
+    torch.index_select(data_bytes, 0, plan.dest_token, out=send)
+    recv_x = torch.empty((rows, plan.x.shape[1]), dtype=plan.x.dtype, device=device)
+    transport.all_to_all(as_bytes(recv_x[:received]), send, recv_splits, plan.send_rows, op)
+
+    parts = _meta_parts(plan)
+    unpacked: list[torch.Tensor] = []
+    if parts:  # a cached bf16 dispatch moves the rows alone
+        specs = [(p.dtype, tuple(p.shape[1:])) for p in parts]
+        meta = torch.empty((received, sum(row_bytes(p) for p in parts)), dtype=torch.uint8, device=device)
+        transport.all_to_all(meta, pack_rows(parts, plan.dest_token), recv_splits, plan.send_rows, op)
+        unpacked = unpack_rows(meta, specs)
+
+    def padded(t: torch.Tensor, fill: float | int) -> torch.Tensor:
+        if rows == received:
+            return t
+        out = torch.full((rows, *t.shape[1:]), fill, dtype=t.dtype, device=device)
+        out[:received] = t
+        return out
+
+    recv_scales = padded(unpacked.pop(0), 0) if plan.scales is not None else None
+    out_x = recv_x if recv_scales is None else (recv_x, recv_scales)
+    if plan.handle is not None:
+        return out_x, None, None, None, None
+
+    recv_idx = recv_w = None
+    per_rank = plan.num_experts // num_ranks
+    if plan.topk_idx is not None:
+        ids = unpacked.pop(0)
+        local = ids.long() - me * per_rank
+        is_local = (local >= 0) & (local < per_rank)
+        recv_idx = padded(torch.where(is_local, local, NO_EXPERT).to(ids.dtype), NO_EXPERT)
+        if plan.topk_weights is not None:
+            w = unpacked.pop(0)
+            recv_w = padded(torch.where(is_local, w, torch.zeros((), dtype=w.dtype, device=device)), 0)
+        counts = torch.bincount(local[is_local], minlength=per_rank)
+    else:
+        counts = _exchange_expert_counts(transport, op, plan, per_rank)
+    src_idx = unpacked.pop(0).view(-1)
+    prefix = torch.tensor(agreement.send, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+    handle = DispatchHandle(me, prefix, src_idx, plan.is_token_in_rank, plan.num_worst_tokens)
+    listed = [] if plan.num_worst_tokens else [int(c) for c in aligned_counts(counts.cpu(), plan.expert_alignment)]
+    return out_x, recv_idx, recv_w, listed, handle
+
+
+def _exchange_expert_counts(transport: Transport, op: str, plan: DispatchPlan, per_rank: int) -> torch.Tensor:
+    """Without topk_idx the receiver cannot count per expert: each rank sends its
+    num_tokens_per_expert slice to the rank owning those experts (DeepEP's rule)."""
+    num_ranks = transport.num_ranks
+    mine = plan.num_tokens_per_expert.to(torch.int64).view(num_ranks, per_rank).contiguous()
+    theirs = torch.empty_like(mine)
+    transport.all_to_all(theirs, mine, [1] * num_ranks, [1] * num_ranks, op)
+    return theirs.sum(dim=0)
+
+
+@attrs.frozen(eq=False)
+class CombinePlan:
+    x: torch.Tensor                      # [N, H]: the received rows, in dispatch order
+    handle: DispatchHandle
+    topk_weights: torch.Tensor | None    # fp32 [N, k]
+    biases: tuple[torch.Tensor, ...]
+    send_rows: list[int]                 # rows back to each source rank
+    expect_rows: list[int]               # rows this rank sent to each rank at dispatch
+    fields: dict[Field, int]
+    must_match: tuple[Field, ...] = (Field.HIDDEN, Field.FORM, Field.NUM_TOPK, Field.HAS_WEIGHTS, Field.ROW_BYTES)
+
+
+def plan_combine(x: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Tensor | None,
+                 biases: tuple[torch.Tensor, ...], budget: int) -> CombinePlan:
+    received = handle.recv_src_idx.shape[0]
+    x, topk_weights = x[:received], None if topk_weights is None else topk_weights[:received]
+    ends = handle.rank_prefix_matrix[:, handle.rank].long()
+    send_rows = (ends - torch.cat((ends.new_zeros(1), ends[:-1]))).tolist()
+    expect_rows = handle.is_token_in_rank.sum(dim=0).tolist()
+    meta = 4 + (0 if topk_weights is None else row_bytes(topk_weights))
+    fields = {Field.HIDDEN: x.shape[1], Field.FORM: FORMS[x.dtype],
+              Field.NUM_TOPK: 0 if topk_weights is None else topk_weights.shape[1],
+              Field.HAS_WEIGHTS: int(topk_weights is not None), Field.NUM_TOKENS: handle.num_tokens,
+              Field.BUDGET: budget, Field.ROW_BYTES: row_bytes(x) + meta}
+    return CombinePlan(x, handle, topk_weights, biases, send_rows, expect_rows, fields)
+
+
+def _returned_tokens(op: str, tokens: torch.Tensor, sources: torch.Tensor, in_rank: torch.Tensor) -> None:
+    """The rows each rank returned must be exactly the tokens this rank sent it (any order)."""
+    dest, expected = in_rank.T.nonzero(as_tuple=True)
+    if torch.equal(tokens, expected):
+        return
+    num_tokens = in_rank.shape[0]
+    bad = (tokens < 0) | (tokens >= num_tokens)
+    if tokens.shape != expected.shape or bool(bad.any()) or not torch.equal(
+            (sources * num_tokens + tokens).sort().values, (dest * num_tokens + expected).sort().values):
+        raise ContractError(format_problem(op, "handle", "returning rows for tokens this rank did not send there",
+                                           "each rank's rows for exactly the tokens it received from this rank",
+                                           "pass each rank the handle its own dispatch returned, with recv_src_idx "
+                                           "unmodified (the rows may be reordered only together with it)"))
+
+
+def run_combine(transport: Transport, op: str, plan: CombinePlan, agreement: Agreement
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    device = plan.x.device
+    recv_splits = agreement.recv_rows()
+    returned = sum(recv_splits)
+    rows = torch.empty((returned, plan.x.shape[1]), dtype=plan.x.dtype, device=device)
+    transport.all_to_all(as_bytes(rows), as_bytes(plan.x), recv_splits, plan.send_rows, op)
+
+    parts = [plan.handle.recv_src_idx.to(torch.int32)]
+    if plan.topk_weights is not None:
+        parts.append(plan.topk_weights)
+    specs = [(p.dtype, tuple(p.shape[1:])) for p in parts]
+    meta = torch.empty((returned, sum(row_bytes(p) for p in parts)), dtype=torch.uint8, device=device)
+    transport.all_to_all(meta, pack_rows(parts), recv_splits, plan.send_rows, op)
+    unpacked = unpack_rows(meta, specs)
+
+    tokens = unpacked[0].view(-1).long()
+    sources = torch.repeat_interleave(torch.arange(len(recv_splits), device=device),
+                                      torch.tensor(recv_splits, device=device))
+    _returned_tokens(op, tokens, sources, plan.handle.is_token_in_rank)
+    num_tokens = plan.handle.num_tokens
+    out = torch.zeros((num_tokens, plan.x.shape[1]), dtype=torch.float32, device=device)
+    out.index_add_(0, tokens, rows.float())
+    for bias in plan.biases:
+        out += bias.float()
+    weights = None
+    if plan.topk_weights is not None:
+        weights = torch.zeros((num_tokens, plan.topk_weights.shape[1]), dtype=torch.float32, device=device)
+        weights.index_add_(0, tokens, unpacked[1])
+    return out.to(plan.x.dtype), weights
+
