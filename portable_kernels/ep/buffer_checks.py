@@ -15,10 +15,12 @@ import torch
 from ..contract import checks_values
 from ..errors import ContractError, format_problem
 from ..tensors import describe
-from .checks import _check_bool, _check_fp8_pair, _check_positive_int, _check_tensor, _check_topk_idx
+from .checks import (_check_bool, _check_fp8_pair, _check_positive_int, _check_tensor, _check_topk_idx,
+                     check_finite_for_round_scale)
 from .constants import SCALE_BLOCK, WEIGHT_DTYPE, X_DTYPES
 from .dispatch_layout import get_dispatch_layout
 from .events import EventOverlap
+from .handle_checks import check_layout_ranges
 from .results import DispatchHandle, LowLatencyHandle
 from .sizes import Config
 
@@ -139,16 +141,6 @@ def check_combine_args(op: str, x: Any, handle: DispatchHandle, topk_weights: An
     return biases
 
 
-def check_finite_for_round_scale(op: str, arg: str, x: torch.Tensor) -> None:
-    """Power-of-two scales need a finite amax per 128-channel block."""
-    if checks_values(x) and x.numel() and not bool(torch.isfinite(x).all()):
-        row = int((~torch.isfinite(x)).any(dim=1).nonzero()[0])
-        raise ContractError(format_problem(op, arg, f"holding NaN or Inf (first in token {row})",
-                                           "finite tokens with round_scale=True (a NaN/Inf block has no "
-                                           "power-of-two scale)",
-                                           "clean the tokens (e.g. torch.nan_to_num / clamp) or pass round_scale=False"))
-
-
 def check_low_latency_x(op: str, x: Any, num_max_dispatch_tokens_per_rank: Any, use_fp8: bool) -> torch.Tensor:
     data = _check_tensor(op, "x", x, X_DTYPES, (None, None), None, "pass the tokens as bf16 [num_tokens, hidden]")
     max_tokens = _check_positive_int(op, "num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank)
@@ -181,36 +173,6 @@ def check_low_latency_handle(op: str, handle: Any, num_ranks: int) -> LowLatency
                   handle.recv_src_info.device, "pass the handle low_latency_dispatch returned (int64 [L, R])")
     check_layout_ranges(op, "handle", handle)
     return handle
-
-
-def check_layout_ranges(op: str, arg: str, handle: LowLatencyHandle) -> None:
-    """Ranges in [0, M*R), disjoint per expert and covering a prefix; valid slots name tokens in [0, M)."""
-    if not checks_values(handle.recv_layout_range, handle.recv_src_info):
-        return
-    slots = handle.recv_src_info.shape[1]
-    begin, count = handle.range_begin, handle.range_count
-    end = begin + count
-    if bool((begin < 0).any() or (count < 0).any() or (end > slots).any()):
-        raise ContractError(format_problem(op, arg, "with a recv_layout_range outside the slots",
-                                           f"(begin << 32) | count ranges within [0, {slots})",
-                                           "pass the handle low_latency_dispatch returned, unmodified"))
-    order = begin.argsort(dim=1)
-    b, e = torch.take_along_dim(begin, order, 1), torch.take_along_dim(end, order, 1)
-    c = torch.take_along_dim(count, order, 1)
-    # sorted by begin, the non-empty ranges must follow one another from slot 0
-    nonempty = c > 0
-    expected_begin = torch.cat((torch.zeros_like(e[:, :1]), (e * nonempty).cummax(dim=1).values[:, :-1]), dim=1)
-    if bool(((b != expected_begin) & nonempty).any()):
-        raise ContractError(format_problem(op, arg, "with overlapping or gapped layout ranges",
-                                           "ranges that tile the first recv_count slots of each expert",
-                                           "pass the handle low_latency_dispatch returned, unmodified"))
-    valid = torch.arange(slots, device=begin.device) < count.sum(dim=1, keepdim=True)
-    info = handle.recv_src_info
-    if bool(((info < 0) | (info >= handle.num_max_dispatch_tokens_per_rank))[valid].any()):
-        raise ContractError(format_problem(op, arg, "with a recv_src_info entry outside [0, M) in a valid slot",
-                                           f"source token ids < num_max_dispatch_tokens_per_rank = "
-                                           f"{handle.num_max_dispatch_tokens_per_rank}",
-                                           "pass the handle low_latency_dispatch returned, unmodified"))
 
 
 def check_count_dtype(op: str, arg: str, t: Any, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...],
