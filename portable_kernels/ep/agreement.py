@@ -75,15 +75,18 @@ def _share_reasons(transport: Transport, op: str, local_error: BaseException | N
 def agree(transport: Transport, op: str, fields: dict[Field, int], send_rows: Sequence[int],
           expect_rows: Sequence[int] | None, device: torch.device, must_match: Sequence[Field],
           local_error: BaseException | None,
-          budget_need: Callable[[Agreement, int], int] | None = None) -> Agreement:
+          budget_need: Callable[[Agreement, int], int] | None = None,
+          send_marks: Sequence[int] | None = None, expect_marks: Sequence[int] | None = None) -> Agreement:
     """Exchange headers and check them (see the module docstring). `budget_need(agreement, rank)`
-    gives the bytes rank needs for this call, compared with its Field.BUDGET."""
+    gives the bytes rank needs for this call, compared with its Field.BUDGET; marks are the
+    row-order fingerprints a combine sends and expects."""
     num_ranks = transport.num_ranks
     if local_error is not None:
         fields = {**fields, Field.STATUS: 1}
-        send_rows, expect_rows = [0] * num_ranks, None
-    gathered = transport.all_gather(header(fields, send_rows, expect_rows, device), op)
-    per_rank, send, expect = split_headers(gathered, num_ranks)
+        send_rows, expect_rows, send_marks, expect_marks = [0] * num_ranks, None, None, None
+    gathered = transport.all_gather(header(fields, send_rows, expect_rows, device, send_marks, expect_marks), op)
+    headers = split_headers(gathered, num_ranks)
+    per_rank, send, expect = headers.fields, headers.send, headers.expect
     me = transport.rank
     where = f"process group {transport.description}"
 
@@ -120,6 +123,12 @@ def agree(transport: Transport, op: str, fields: dict[Field, int], send_rows: Se
                     f"{op}: argument 'handle' does not match across {where}: rank {src} would send {send[src][dst]} "
                     f"rows to rank {dst}, which expects {wanted}. Fix: pass each rank the handle its own "
                     "dispatch of this same exchange returned (and, in low latency, the same topk_idx).")
+            mark = headers.expect_marks[dst][src]
+            if mark != UNKNOWN and mark != headers.send_marks[src][dst]:
+                raise ContractError(
+                    f"{op}: argument 'handle' does not match across {where}: rank {src} would return its rows to "
+                    f"rank {dst} in another order (or for other tokens) than rank {dst} dispatched them. Fix: pass "
+                    "each rank the handle its own dispatch returned and x in the order that dispatch returned.")
     agreement = Agreement(per_rank, send, me)
     if budget_need is not None:
         for r in range(num_ranks):

@@ -34,6 +34,7 @@ from .low_latency_exchange import AllToAllLowLatencyEngine, CallInfo, LowLatency
 from .normal_exchange import plan_combine, plan_dispatch, run_combine, run_dispatch, staging_need
 from .results import DispatchHandle, LowLatencyHandle
 from .sizes import NUM_MAX_NVL_PEERS, Config, default_config, get_low_latency_rdma_size_hint, num_rdma_ranks
+from .workspace import Workspace
 from .transport import DEFAULT_TIMEOUT_S, TorchDistributedTransport, Transport
 from .wire import Field, OpCode
 
@@ -115,10 +116,10 @@ class Buffer:
         self.enable_shrink = enable_shrink
         self.device = _default_device(group)
         self.transport: Transport = transport or TorchDistributedTransport(group, timeout)
+        self._workspace = Workspace()
         self.low_latency_engine: LowLatencyEngine = low_latency_engine or AllToAllLowLatencyEngine(
-            self.transport, lambda: self.num_rdma_bytes)
+            self.transport, lambda: self.num_rdma_bytes, self._workspace)
         self._seq = 0
-        self._staging: torch.Tensor | None = None
         self._combine_buffers: dict[tuple[Any, ...], torch.Tensor] = {}
         self._destroyed = False
 
@@ -168,12 +169,6 @@ class Buffer:
     def _normal_budget(self) -> int:
         spans_nodes = self.group_size > NUM_MAX_NVL_PEERS
         return self.num_nvl_bytes + (self.num_rdma_bytes if spans_nodes else 0)
-
-    def _staging_bytes(self, nbytes: int, device: torch.device) -> torch.Tensor:
-        """A reused uint8 send area of at least nbytes (grown on demand, never past the budget)."""
-        if self._staging is None or self._staging.device != device or self._staging.numel() < nbytes:
-            self._staging = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
-        return self._staging[:nbytes]
 
     @staticmethod
     def _wait(previous_event: Optional[EventOverlap]) -> None:
@@ -238,7 +233,7 @@ class Buffer:
         call = self._next_call(op, OpCode.CACHED_DISPATCH if handle is not None else OpCode.DISPATCH, device, error)
         agreement = self._agree(call, plan, staging_need)
         self._wait(previous_event)
-        out = run_dispatch(self.transport, op, plan, agreement, self._staging_bytes)
+        out = run_dispatch(self.transport, op, plan, agreement, self._workspace)
         return (*out, completed_event(device))
 
     def _plan_dispatch(self, op, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx,
@@ -282,7 +277,8 @@ class Buffer:
             return agree(self.transport, call.op, fields, [0] * self.group_size, None, call.device, (),
                          call.local_error)
         return agree(self.transport, call.op, {**plan.fields, **fields}, plan.send_rows, plan.expect_rows,
-                     call.device, plan.must_match, None, need)
+                     call.device, plan.must_match, None, need, getattr(plan, "send_marks", None),
+                     getattr(plan, "expect_marks", None))
 
     def combine(self, x: torch.Tensor, handle: DispatchHandle, topk_weights: Optional[torch.Tensor] = None,
                 bias: Any = None, config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
@@ -313,7 +309,7 @@ class Buffer:
         call = self._next_call(op, OpCode.COMBINE, device, error)
         agreement = self._agree(call, plan, staging_need)
         self._wait(previous_event)
-        combined, weights = run_combine(self.transport, op, plan, agreement)
+        combined, weights = run_combine(self.transport, op, plan, agreement, self._workspace)
         return combined, weights, completed_event(device)
 
     # ------------------------------------------------------------------ low-latency mode
@@ -444,7 +440,7 @@ class Buffer:
         if not self.explicitly_destroy:
             raise ContractError(format_problem("Buffer.destroy", "explicitly_destroy", False, True,
                                                "build the Buffer with explicitly_destroy=True to call destroy()"))
-        self._staging = None
+        self._workspace.clear()
         self._combine_buffers.clear()
         self._destroyed = True
 

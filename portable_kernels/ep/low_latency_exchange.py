@@ -32,6 +32,7 @@ from .results import LowLatencyHandle, Rows
 from .sizes import get_low_latency_rdma_size_hint
 from .transport import Transport
 from .wire import FORMS, Field, as_bytes, pack_rows, row_bytes, unpack_rows
+from .workspace import Workspace
 
 
 @attrs.frozen
@@ -68,9 +69,10 @@ def _flags(use_fp8: bool, round_scale: bool, use_ue8m0: bool) -> int:
 class AllToAllLowLatencyEngine:
     """Low-latency dispatch/combine as a header all-gather plus one all_to_all_single each."""
 
-    def __init__(self, transport: Transport, budget: Callable[[], int]) -> None:
+    def __init__(self, transport: Transport, budget: Callable[[], int], workspace: Workspace | None = None) -> None:
         self.transport = transport
         self.budget = budget
+        self.workspace = workspace or Workspace()
 
     def _agree(self, call: CallInfo, fields: dict[Field, int], send: list[int], expect: list[int] | None,
                device: torch.device, must: tuple[Field, ...], ll: bool) -> Agreement:
@@ -104,27 +106,22 @@ class AllToAllLowLatencyEngine:
             parts = [cast.data, cast.scale]
         else:
             parts = [x]
-        parts.append(torch.arange(x.shape[0], dtype=torch.int32, device=device))
-        local = idx[token] - (dest * per_rank)[:, None]
-        local = torch.where((local >= 0) & (local < per_rank), local, NO_EXPERT).to(torch.int32)
-        packed = torch.cat((pack_rows(parts, token), as_bytes(local)), dim=1)
+        # per token: its bytes, its index and its global expert ids (each receiver keeps its own)
+        parts += [torch.arange(x.shape[0], dtype=torch.int32, device=device), topk_idx.to(torch.int32)]
+        width = sum(row_bytes(p) for p in parts)
+        packed = self.workspace.take("ll-send", (token.numel(), width), torch.uint8, device)
+        pack_rows(parts, token, out=packed)
         fields = {Field.NUM_EXPERTS: num_experts, Field.HIDDEN: x.shape[1], Field.FORM: FORMS[x.dtype],
                   Field.NUM_TOPK: idx.shape[1], Field.NUM_TOKENS: x.shape[0],
                   Field.MAX_TOKENS: num_max_dispatch_tokens_per_rank,
-                  Field.FLAGS: _flags(use_fp8, round_scale, use_ue8m0), Field.ROW_BYTES: packed.shape[1]}
+                  Field.FLAGS: _flags(use_fp8, round_scale, use_ue8m0), Field.ROW_BYTES: width}
         must = (Field.NUM_EXPERTS, Field.HIDDEN, Field.FORM, Field.NUM_TOPK, Field.MAX_TOKENS, Field.FLAGS)
         agreement = self._agree(call, fields, send, None, device, must, ll=True)
         recv_splits = agreement.recv_rows()
-        rows = torch.empty((sum(recv_splits), packed.shape[1]), dtype=torch.uint8, device=device)
+        rows = self.workspace.take("ll-recv", (sum(recv_splits), width), torch.uint8, device)
         transport.all_to_all(rows, packed, recv_splits, send, call.op)
-
-        hidden, num_topk = x.shape[1], idx.shape[1]
-        specs: list[tuple[torch.dtype, tuple[int, ...]]] = [(parts[0].dtype, (hidden,))]
-        if use_fp8:
-            specs.append((torch.float32, (hidden // SCALE_BLOCK,)))
-        specs += [(torch.int32, ()), (torch.int32, (num_topk,))]
-        unpacked = unpack_rows(rows, specs)
-        return _place(unpacked, recv_splits, per_rank, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, device)
+        return _place(rows, parts, recv_splits, transport.rank, per_rank, num_max_dispatch_tokens_per_rank,
+                      num_experts, use_fp8, device)
 
     # ---------------------------------------------------------------- combine
 
@@ -143,37 +140,44 @@ class AllToAllLowLatencyEngine:
         idx = topk_idx.long()
         owner = torch.where(idx >= 0, idx // per_rank, num_ranks)
         expect = torch.bincount(owner.flatten(), minlength=num_ranks + 1)[:num_ranks].tolist()
-        rows = x.reshape(-1, x.shape[-1]).index_select(0, expert * x.shape[1] + slot)
+        flat = (expert * x.shape[1] + slot)
         token = handle.recv_src_info[expert, slot].to(torch.int32)
         global_expert = (expert + transport.rank * per_rank).to(torch.int32)
-        packed = pack_rows([rows, token, global_expert])
+        width = row_bytes(x[0]) + 8
+        packed = self.workspace.take("ll-send", (flat.numel(), width), torch.uint8, device)
+        torch.index_select(as_bytes(x.reshape(-1, x.shape[-1])), 0, flat, out=packed[:, :width - 8])
+        packed[:, width - 8:] = pack_rows([token, global_expert])
         fields = {Field.NUM_EXPERTS: handle.num_experts, Field.HIDDEN: x.shape[-1], Field.FORM: FORMS[x.dtype],
                   Field.NUM_TOKENS: idx.shape[0], Field.MAX_TOKENS: handle.num_max_dispatch_tokens_per_rank,
                   Field.ROW_BYTES: packed.shape[1]}
         must = (Field.NUM_EXPERTS, Field.HIDDEN, Field.FORM, Field.MAX_TOKENS)
         agreement = self._agree(call, fields, send, expect, device, must, ll=True)
         recv_splits = agreement.recv_rows()
-        received = torch.empty((sum(recv_splits), packed.shape[1]), dtype=torch.uint8, device=device)
+        received = self.workspace.take("ll-recv", (sum(recv_splits), packed.shape[1]), torch.uint8, device)
         transport.all_to_all(received, packed, recv_splits, send, call.op)
         back, tok, exp = unpack_rows(received, [(x.dtype, (x.shape[-1],)), (torch.int32, ()), (torch.int32, ())])
         return _weighted_sum(call.op, back, tok.view(-1).long(), exp.view(-1).long(), idx, topk_weights, x.dtype)
 
 
-def _place(unpacked: list[torch.Tensor], recv_splits: list[int], per_rank: int, max_tokens: int, num_experts: int,
-           use_fp8: bool, device: torch.device) -> tuple[Rows, torch.Tensor, LowLatencyHandle]:
-    """Copy received rows into expert slots; slots of an expert follow (source rank, source token)."""
-    data = unpacked[0]
-    scales = unpacked[1] if use_fp8 else None
-    src, local = unpacked[-2].view(-1), unpacked[-1]
-    num_ranks, hidden = len(recv_splits), data.shape[1]
+def _place(rows: torch.Tensor, parts: list[torch.Tensor], recv_splits: list[int], rank: int, per_rank: int,
+           max_tokens: int, num_experts: int, use_fp8: bool, device: torch.device
+           ) -> tuple[Rows, torch.Tensor, LowLatencyHandle]:
+    """Copy received rows (packed like `parts`) into expert slots; slots of an expert follow
+    (source rank, source token)."""
+    data_width = row_bytes(parts[0])
+    small = unpack_rows(rows[:, data_width:], [(p.dtype, tuple(p.shape[1:])) for p in parts[1:]])
+    scales = small[0] if use_fp8 else None
+    src, ids = small[-2].view(-1), small[-1].long()
+    num_ranks, hidden = len(recv_splits), parts[0].shape[1]
     num_slots = max_tokens * num_ranks
-    hits = (local[:, :, None] == torch.arange(per_rank, device=device, dtype=local.dtype)).any(dim=1)  # [N, L]
+    local = ids - rank * per_rank  # outside [0, L): another rank's expert, or none
+    hits = (local[:, :, None] == torch.arange(per_rank, device=device)).any(dim=1)  # [N, L]
     expert, row = hits.T.nonzero(as_tuple=True)  # expert-major, rows (= source rank, token) ascending
     recv_count = hits.sum(dim=0)
     pos = torch.arange(expert.numel(), device=device) - (recv_count.cumsum(0) - recv_count)[expert]
 
-    recv_x = torch.empty((per_rank, num_slots, hidden), dtype=data.dtype, device=device)
-    recv_x.view(torch.uint8)[expert, pos] = data.view(torch.uint8)[row]
+    recv_x = torch.empty((per_rank, num_slots, hidden), dtype=parts[0].dtype, device=device)
+    recv_x.view(torch.uint8)[expert, pos] = rows[row, :data_width]
     info = torch.full((per_rank, num_slots), NO_EXPERT, dtype=torch.int32, device=device)
     info[expert, pos] = src[row]
     source = torch.repeat_interleave(torch.arange(num_ranks, device=device), torch.tensor(recv_splits, device=device))

@@ -4,9 +4,10 @@ Dispatch: each token goes once to each rank in its `is_token_in_rank` row, in (d
 token) order, so every rank receives rows ordered by source rank, then source token — DeepEP's
 order. Two payload collectives: the token rows (received straight into `recv_x`, no unpacking
 copy), and one packed metadata row per token (FP8 scales, top-k ids and weights, source index).
-Combine sends the received rows back in the order they arrived, with their source index, and
-each source rank adds the returned rows of each token in fp32 — following the source index the
-handle holds, and refusing rows for tokens it never sent to that rank.
+Combine sends the received rows back in the order they arrived (straight from x, no packing) and
+each source rank adds the returned rows of each token in fp32. Before any row moves, the header
+carries fingerprints of the source indices each rank will return and of the tokens each rank
+sent, so a handle from another dispatch or rows in another order are refused on every rank.
 
 Each op is split in `plan_*` (local: validate, order, count; builds the header) and `run_*`
 (after every rank agreed: move the payload). Argument validation lives in the Buffer.
@@ -14,7 +15,7 @@ Each op is split in `plan_*` (local: validate, order, count; builds the header) 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 import torch
@@ -25,7 +26,12 @@ from .agreement import Agreement
 from .constants import NO_EXPERT
 from .results import DispatchHandle
 from .transport import Transport
-from .wire import FORMS, Field, as_bytes, pack_rows, row_bytes, unpack_rows
+from .workspace import Workspace
+from .wire import FORMS, Field, as_bytes, fingerprints, pack_rows, row_bytes, unpack_rows
+
+
+#: rows per fp32 chunk of the combine's accumulation
+COMBINE_CHUNK_ROWS = 256
 
 
 @attrs.frozen(eq=False)
@@ -104,7 +110,7 @@ def _check_worst_tokens(op: str, agreement: Agreement, description: str) -> None
 
 
 def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, agreement: Agreement,
-                 staging: Callable[[int, torch.device], torch.Tensor]) -> tuple[Any, ...]:
+                 workspace: Workspace) -> tuple[Any, ...]:
     """Move the rows; returns DeepEP's (recv_x, recv_topk_idx, recv_topk_weights, counts, handle)."""
     _check_worst_tokens(op, agreement, transport.description)
     device, me, num_ranks = plan.x.device, transport.rank, transport.num_ranks
@@ -113,7 +119,7 @@ def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, agreement: A
     rows = max(received, plan.num_worst_tokens)
 
     data_bytes = as_bytes(plan.x)
-    send = staging(plan.dest_token.numel() * data_bytes.shape[1], device).view(-1, data_bytes.shape[1])
+    send = workspace.take("dispatch-send", (plan.dest_token.numel(), data_bytes.shape[1]), torch.uint8, device)
     torch.index_select(data_bytes, 0, plan.dest_token, out=send)
     recv_x = torch.empty((rows, plan.x.shape[1]), dtype=plan.x.dtype, device=device)
     transport.all_to_all(as_bytes(recv_x[:received]), send, recv_splits, plan.send_rows, op)
@@ -122,7 +128,7 @@ def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, agreement: A
     unpacked: list[torch.Tensor] = []
     if parts:  # a cached bf16 dispatch moves the rows alone
         specs = [(p.dtype, tuple(p.shape[1:])) for p in parts]
-        meta = torch.empty((received, sum(row_bytes(p) for p in parts)), dtype=torch.uint8, device=device)
+        meta = workspace.take("dispatch-meta", (received, sum(row_bytes(p) for p in parts)), torch.uint8, device)
         transport.all_to_all(meta, pack_rows(parts, plan.dest_token), recv_splits, plan.send_rows, op)
         unpacked = unpack_rows(meta, specs)
 
@@ -174,8 +180,11 @@ class CombinePlan:
     handle: DispatchHandle
     topk_weights: torch.Tensor | None    # fp32 [N, k]
     biases: tuple[torch.Tensor, ...]
+    sent_tokens: torch.Tensor            # int64: this rank's tokens in the order it dispatched them
     send_rows: list[int]                 # rows back to each source rank
     expect_rows: list[int]               # rows this rank sent to each rank at dispatch
+    send_marks: list[int]                # fingerprint of the source indices returned to each rank
+    expect_marks: list[int]              # fingerprint of the tokens this rank sent to each rank
     fields: dict[Field, int]
     must_match: tuple[Field, ...] = (Field.HIDDEN, Field.FORM, Field.NUM_TOPK, Field.HAS_WEIGHTS, Field.ROW_BYTES)
 
@@ -186,58 +195,40 @@ def plan_combine(x: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Te
     x, topk_weights = x[:received], None if topk_weights is None else topk_weights[:received]
     ends = handle.rank_prefix_matrix[:, handle.rank].long()
     send_rows = (ends - torch.cat((ends.new_zeros(1), ends[:-1]))).tolist()
-    expect_rows = handle.is_token_in_rank.sum(dim=0).tolist()
-    meta = 4 + (0 if topk_weights is None else row_bytes(topk_weights))
+    dest, sent_tokens = handle.is_token_in_rank.T.nonzero(as_tuple=True)
+    expect_rows = torch.bincount(dest, minlength=len(send_rows)).tolist()
+    send_marks = fingerprints(handle.recv_src_idx, send_rows)
+    expect_marks = fingerprints(sent_tokens, expect_rows)
+    meta = 0 if topk_weights is None else row_bytes(topk_weights)
     fields = {Field.HIDDEN: x.shape[1], Field.FORM: FORMS[x.dtype],
               Field.NUM_TOPK: 0 if topk_weights is None else topk_weights.shape[1],
               Field.HAS_WEIGHTS: int(topk_weights is not None), Field.NUM_TOKENS: handle.num_tokens,
               Field.BUDGET: budget, Field.ROW_BYTES: row_bytes(x) + meta}
-    return CombinePlan(x, handle, topk_weights, biases, send_rows, expect_rows, fields)
+    return CombinePlan(x, handle, topk_weights, biases, sent_tokens, send_rows, expect_rows, send_marks, expect_marks,
+                       fields)
 
 
-def _returned_tokens(op: str, tokens: torch.Tensor, sources: torch.Tensor, in_rank: torch.Tensor) -> None:
-    """The rows each rank returned must be exactly the tokens this rank sent it (any order)."""
-    dest, expected = in_rank.T.nonzero(as_tuple=True)
-    if torch.equal(tokens, expected):
-        return
-    num_tokens = in_rank.shape[0]
-    bad = (tokens < 0) | (tokens >= num_tokens)
-    if tokens.shape != expected.shape or bool(bad.any()) or not torch.equal(
-            (sources * num_tokens + tokens).sort().values, (dest * num_tokens + expected).sort().values):
-        raise ContractError(format_problem(op, "handle", "returning rows for tokens this rank did not send there",
-                                           "each rank's rows for exactly the tokens it received from this rank",
-                                           "pass each rank the handle its own dispatch returned, with recv_src_idx "
-                                           "unmodified (the rows may be reordered only together with it)"))
-
-
-def run_combine(transport: Transport, op: str, plan: CombinePlan, agreement: Agreement
+def run_combine(transport: Transport, op: str, plan: CombinePlan, agreement: Agreement, workspace: Workspace
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rows come back in the order this rank dispatched its tokens (the header's fingerprints
+    proved it on every rank), so they are added at `sent_tokens` without source indices."""
     device = plan.x.device
     recv_splits = agreement.recv_rows()
     returned = sum(recv_splits)
-    rows = torch.empty((returned, plan.x.shape[1]), dtype=plan.x.dtype, device=device)
+    rows = workspace.take("combine-recv", (returned, plan.x.shape[1]), plan.x.dtype, device)
     transport.all_to_all(as_bytes(rows), as_bytes(plan.x), recv_splits, plan.send_rows, op)
-
-    parts = [plan.handle.recv_src_idx.to(torch.int32)]
-    if plan.topk_weights is not None:
-        parts.append(plan.topk_weights)
-    specs = [(p.dtype, tuple(p.shape[1:])) for p in parts]
-    meta = torch.empty((returned, sum(row_bytes(p) for p in parts)), dtype=torch.uint8, device=device)
-    transport.all_to_all(meta, pack_rows(parts), recv_splits, plan.send_rows, op)
-    unpacked = unpack_rows(meta, specs)
-
-    tokens = unpacked[0].view(-1).long()
-    sources = torch.repeat_interleave(torch.arange(len(recv_splits), device=device),
-                                      torch.tensor(recv_splits, device=device))
-    _returned_tokens(op, tokens, sources, plan.handle.is_token_in_rank)
     num_tokens = plan.handle.num_tokens
-    out = torch.zeros((num_tokens, plan.x.shape[1]), dtype=torch.float32, device=device)
-    out.index_add_(0, tokens, rows.float())
+    out = workspace.take("combine-sum", (num_tokens, plan.x.shape[1]), torch.float32, device).zero_()
+    # in chunks, so the fp32 copy of the rows stays small (cache-sized) instead of [S, H]
+    for start in range(0, returned, COMBINE_CHUNK_ROWS):
+        stop = min(start + COMBINE_CHUNK_ROWS, returned)
+        out.index_add_(0, plan.sent_tokens[start:stop], rows[start:stop].float())
     for bias in plan.biases:
         out += bias.float()
     weights = None
     if plan.topk_weights is not None:
+        back = torch.empty((returned, plan.topk_weights.shape[1]), dtype=torch.float32, device=device)
+        transport.all_to_all(back, plan.topk_weights.contiguous(), recv_splits, plan.send_rows, op)
         weights = torch.zeros((num_tokens, plan.topk_weights.shape[1]), dtype=torch.float32, device=device)
-        weights.index_add_(0, tokens, unpacked[1])
+        weights.index_add_(0, plan.sent_tokens, back)
     return out.to(plan.x.dtype), weights
-

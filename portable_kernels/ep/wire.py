@@ -3,7 +3,7 @@
 Every Buffer op starts with one all-gather of a fixed-size int64 header per rank (`Header`): the
 op and call number, whether the rank accepted its own arguments, the settings that must agree
 across ranks (num_experts, hidden, payload form, top-k, ...), its buffer budget, and per peer the
-rows it will send and the rows it expects. Every rank then sees every rank's header, so argument
+rows it will send and the rows it expects (and, for a combine, fingerprints of their order). Every rank then sees every rank's header, so argument
 errors, mismatched settings, oversized calls and mismatched handles are reported on ALL ranks
 before any payload moves — never one rank raising while the others wait in a collective.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from typing import Sequence
 
+import attrs
 import torch
 
 from ..errors import ContractError
@@ -64,25 +65,59 @@ UNKNOWN = -1
 
 
 def header(fields: dict[Field, int], send_rows: Sequence[int], expect_rows: Sequence[int] | None,
-           device: torch.device) -> torch.Tensor:
-    """int64 [NUM_FIELDS + 2R]: fields (unset = 0), rows to send to each rank, rows expected from
-    each rank (UNKNOWN where this rank cannot know)."""
+           device: torch.device, send_marks: Sequence[int] | None = None,
+           expect_marks: Sequence[int] | None = None) -> torch.Tensor:
+    """int64 [NUM_FIELDS + 4R]: fields (unset = 0); per rank: rows to send to it, rows expected
+    from it, and the fingerprints (`fingerprint`) of the row order sent / expected (UNKNOWN where
+    this rank cannot know)."""
     num_ranks = len(send_rows)
     values = [0] * NUM_FIELDS
     values[Field.MAGIC] = MAGIC
     for key, value in fields.items():
         values[key] = int(value)
-    expect = [UNKNOWN] * num_ranks if expect_rows is None else [int(v) for v in expect_rows]
-    return torch.tensor(values + [int(v) for v in send_rows] + expect, dtype=torch.int64).to(device)
+    for column in (send_rows, expect_rows, send_marks, expect_marks):
+        values += [UNKNOWN] * num_ranks if column is None else [int(v) for v in column]
+    return torch.tensor(values, dtype=torch.int64).to(device)
 
 
-def split_headers(gathered: torch.Tensor, num_ranks: int) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
-    """[R, NUM_FIELDS + 2R] -> (fields per rank, send rows [src][dst], expected rows [dst][src])."""
+@attrs.frozen
+class Headers:
+    """All ranks' headers: fields[r], send[src][dst], expect[dst][src], and the same for marks."""
+
+    fields: list[list[int]]
+    send: list[list[int]]
+    expect: list[list[int]]
+    send_marks: list[list[int]]
+    expect_marks: list[list[int]]
+
+
+def split_headers(gathered: torch.Tensor, num_ranks: int) -> Headers:
+    """[R, NUM_FIELDS + 4R] -> Headers."""
     rows = gathered.cpu().tolist()
-    fields = [r[:NUM_FIELDS] for r in rows]
-    send = [r[NUM_FIELDS:NUM_FIELDS + num_ranks] for r in rows]
-    expect = [r[NUM_FIELDS + num_ranks:] for r in rows]
-    return fields, send, expect
+
+    def column(i: int) -> list[list[int]]:
+        start = NUM_FIELDS + i * num_ranks
+        return [r[start:start + num_ranks] for r in rows]
+
+    return Headers([r[:NUM_FIELDS] for r in rows], column(0), column(1), column(2), column(3))
+
+
+#: fingerprints are sums of ((index + 1) * (position + FINGERPRINT_OFFSET)) mod this prime
+FINGERPRINT_MOD = 2**31 - 1
+FINGERPRINT_OFFSET = 7919
+
+
+def fingerprints(indices: torch.Tensor, blocks: Sequence[int]) -> list[int]:
+    """One order-sensitive number per consecutive block of a 1-D index vector (block sizes
+    `blocks`): two blocks with the same indices in another order differ (up to rare collisions),
+    so a combine can prove, before moving data, that rows come back in the order they left."""
+    device = indices.device
+    sizes = torch.tensor(list(blocks), dtype=torch.int64, device=device)
+    block = torch.repeat_interleave(torch.arange(len(blocks), device=device), sizes)
+    position = torch.arange(indices.numel(), device=device) - (sizes.cumsum(0) - sizes)[block]
+    terms = ((indices.long() + 1) * (position + FINGERPRINT_OFFSET)) % FINGERPRINT_MOD
+    sums = torch.zeros(len(blocks), dtype=torch.int64, device=device).index_add_(0, block, terms)
+    return (sums % FINGERPRINT_MOD).tolist()
 
 
 def row_bytes(t: torch.Tensor) -> int:
@@ -99,12 +134,17 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8).view(t.shape[0], row_bytes(t))
 
 
-def pack_rows(parts: Sequence[torch.Tensor], rows: torch.Tensor | None = None) -> torch.Tensor:
+def pack_rows(parts: Sequence[torch.Tensor], rows: torch.Tensor | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 [N, sum of part bytes]: part i's row bytes side by side, for the selected `rows` (all
-    when None). Every part has the same first dimension."""
+    when None). Every part has the same first dimension. `out`: a contiguous uint8 area to fill."""
     columns = [as_bytes(p) for p in parts]
     packed = torch.cat(columns, dim=1) if len(columns) > 1 else columns[0]
-    return packed if rows is None else packed.index_select(0, rows)
+    if rows is None:
+        return packed if out is None else out.copy_(packed)
+    if out is None:
+        return packed.index_select(0, rows)
+    return torch.index_select(packed, 0, rows, out=out)
 
 
 def unpack_rows(packed: torch.Tensor, specs: Sequence[tuple[torch.dtype, tuple[int, ...]]]) -> list[torch.Tensor]:

@@ -1,0 +1,134 @@
+"""Throughput of the distributed Buffer's dispatch + combine against a raw all_to_all_single of
+the same bytes, side by side in one run, at several group sizes.
+
+Run: python benchmarks/ep_bench.py [--ranks 2 4 8] [--tokens 512] [--hidden 4096] [--topk 8]
+     [--experts 64] [--rounds 15] [--fp8] [--backend gloo|nccl]
+
+Per group size, R local processes (CPU tensors over Gloo; with --backend nccl one GPU per rank)
+run, after warm-up, `rounds` rounds of
+  buffer: Buffer.dispatch (layout given) + Buffer.combine of the received rows, and
+  raw:    two all_to_all_single calls moving the same token rows (out and back) with the same
+          splits, from pre-packed send buffers into pre-allocated receive buffers —
+interleaved round by round, each timed from a barrier to the slowest rank's end. Payload = the
+token rows that cross ranks (dispatch recv_x bytes + combine send bytes, all ranks), as DeepEP
+counts them; GB/s = payload / time. Printed: median GB/s with [min, max] over the rounds, and
+ratio = raw time / buffer time (1.0 = no overhead over the bare collective; target >= 0.8 on
+Gloo). NCCL runs the same code on `cuda:rank` (untested here: this machine has no GPU).
+A benchmark, not a test: it prints only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from portable_kernels.ep import Buffer
+from portable_kernels.quantization import per_token_cast_to_fp8
+from portable_kernels.testing.ep_cases import random_routing
+from portable_kernels.testing.ep_distributed import run_ranks
+from portable_kernels.testing.generators import randn
+
+
+def _synced_seconds(group: Any, device: torch.device, fn) -> float:
+    """Seconds from a barrier to the slowest rank finishing fn."""
+    dist.barrier(group)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+    return float(elapsed.item())
+
+
+def bench_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    device = torch.device("cpu")
+    if cfg["backend"] == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch.set_num_threads(1)
+    tokens, hidden, experts = cfg["tokens"], cfg["hidden"], cfg["experts"]
+    x = randn(tokens, hidden, seed=1000 + rank, dtype=torch.bfloat16, device=device)
+    idx = random_routing(tokens, cfg["topk"], experts, seed=2000 + rank, device=device)
+    payload = (per_token_cast_to_fp8(x).data, per_token_cast_to_fp8(x).scale) if cfg["fp8"] else x
+    buffer = Buffer(group, int(4e9), timeout=300)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, experts)
+    layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+    first = buffer.dispatch(payload, topk_idx=idx, **layout)
+    recv_rows = (first[0][0] if cfg["fp8"] else first[0]).shape[0]
+    back = torch.randn(recv_rows, hidden, device=device).bfloat16()
+
+    # the raw collective: the same rows, splits and direction, already packed, no metadata
+    send_splits = in_rank.sum(dim=0).tolist()
+    recv_splits = first[4].rank_prefix_matrix[:, rank].diff(prepend=torch.zeros(1, device=device,
+                                                                                 dtype=torch.int32)).tolist()
+    row_bytes = hidden * (1 if cfg["fp8"] else 2)
+    raw_out = torch.empty(sum(send_splits), row_bytes, dtype=torch.uint8, device=device)
+    raw_in = torch.empty(recv_rows, row_bytes, dtype=torch.uint8, device=device)
+    raw_back_in = torch.empty(recv_rows, hidden * 2, dtype=torch.uint8, device=device)
+    raw_back_out = torch.empty(sum(send_splits), hidden * 2, dtype=torch.uint8, device=device)
+
+    def run_buffer() -> None:
+        recv = buffer.dispatch(payload, topk_idx=idx, **layout)
+        buffer.combine(back, recv[4])
+
+    def run_raw() -> None:
+        dist.all_to_all_single(raw_in, raw_out, recv_splits, send_splits, group=group)
+        dist.all_to_all_single(raw_back_out, raw_back_in, send_splits, recv_splits, group=group)
+
+    for _ in range(cfg["warmup"]):
+        run_buffer()
+        run_raw()
+    times: dict[str, list[float]] = {"buffer": [], "raw": []}
+    for _ in range(cfg["rounds"]):
+        times["buffer"].append(_synced_seconds(group, device, run_buffer))
+        times["raw"].append(_synced_seconds(group, device, run_raw))
+    moved = torch.tensor([recv_rows * (row_bytes + hidden * 2)], dtype=torch.float64, device=device)
+    dist.all_reduce(moved, group=group)
+    return {"times": times, "payload_bytes": float(moved.item())}
+
+
+def _summary(payload: float, seconds: list[float]) -> str:
+    rates = sorted(payload / t / 1e9 for t in seconds)
+    return f"{statistics.median(rates):7.3f} [{rates[0]:.3f}, {rates[-1]:.3f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--tokens", type=int, default=512, help="tokens per rank")
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--topk", type=int, default=8)
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--fp8", action="store_true", help="dispatch FP8 (data + per-128 scales), combine bf16")
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    args = parser.parse_args()
+    cfg = vars(args)
+    print(f"ep_bench {datetime.date.today()} backend={args.backend} tokens/rank={args.tokens} hidden={args.hidden} "
+          f"topk={args.topk} experts={args.experts} fp8={args.fp8} rounds={args.rounds} torch={torch.__version__}")
+    print(f"{'ranks':>5} {'payload MB':>10} {'buffer GB/s median [min, max]':>32} {'raw GB/s median [min, max]':>30}"
+          f" {'ratio median [min, max]':>26}")
+    for num_ranks in args.ranks:
+        outcomes = run_ranks(num_ranks, bench_rank, (cfg,), backend=args.backend, timeout_s=1800)
+        bad = [o.describe() for o in outcomes if not o.ok]
+        if bad:
+            raise SystemExit("\n".join(bad))
+        result = outcomes[0].value
+        payload, buf, raw = result["payload_bytes"], result["times"]["buffer"], result["times"]["raw"]
+        ratios = sorted(r / b for r, b in zip(raw, buf))
+        print(f"{num_ranks:>5} {payload / 1e6:>10.1f} {_summary(payload, buf):>32} {_summary(payload, raw):>30} "
+              f"{statistics.median(ratios):>11.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}]")
+
+
+if __name__ == "__main__":
+    main()
