@@ -11,7 +11,7 @@ is left waiting in a payload collective. The rows each rank sends to each rank c
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 import torch
@@ -77,15 +77,49 @@ def agree(transport: Transport, op: str, fields: dict[Field, int], send_rows: Se
           local_error: BaseException | None,
           budget_need: Callable[[Agreement, int], int] | None = None,
           send_marks: Sequence[int] | None = None, expect_marks: Sequence[int] | None = None) -> Agreement:
-    """Exchange headers and check them (see the module docstring). `budget_need(agreement, rank)`
-    gives the bytes rank needs for this call, compared with its Field.BUDGET; marks are the
-    row-order fingerprints a combine sends and expects."""
+    """Exchange headers and check them (see the module docstring): propose(...).settle()."""
+    return propose(transport, op, fields, send_rows, expect_rows, device, must_match, local_error, budget_need,
+                   send_marks, expect_marks).settle()
+
+
+def propose(transport: Transport, op: str, fields: dict[Field, int], send_rows: Sequence[int],
+            expect_rows: Sequence[int] | None, device: torch.device, must_match: Sequence[Field],
+            local_error: BaseException | None,
+            budget_need: Callable[[Agreement, int], int] | None = None,
+            send_marks: Sequence[int] | None = None, expect_marks: Sequence[int] | None = None) -> "Proposal":
+    """Start the header all-gather; local work may run before `settle()` checks the answers.
+    `budget_need(agreement, rank)` gives the bytes rank needs for this call, compared with its
+    Field.BUDGET; marks are the row-order fingerprints a combine sends and expects."""
     num_ranks = transport.num_ranks
     if local_error is not None:
         fields = {**fields, Field.STATUS: 1}
         send_rows, expect_rows, send_marks, expect_marks = [0] * num_ranks, None, None, None
-    gathered = transport.all_gather(header(fields, send_rows, expect_rows, device, send_marks, expect_marks), op)
-    headers = split_headers(gathered, num_ranks)
+    pending = transport.start_all_gather(header(fields, send_rows, expect_rows, device, send_marks, expect_marks), op)
+    return Proposal(transport, op, pending, device, tuple(must_match), local_error, budget_need)
+
+
+@attrs.frozen(eq=False)
+class Proposal:
+    """A header all-gather in flight, and what settling it must check."""
+
+    transport: Transport
+    op: str
+    pending: Any
+    device: torch.device
+    must_match: tuple[Field, ...]
+    local_error: BaseException | None
+    budget_need: Callable[[Agreement, int], int] | None
+
+    def settle(self) -> Agreement:
+        """Wait for every rank's header and run the checks of the module docstring."""
+        return _settle(self)
+
+
+def _settle(p: Proposal) -> Agreement:
+    transport, op, device, must_match, local_error, budget_need = (p.transport, p.op, p.device, p.must_match,
+                                                                   p.local_error, p.budget_need)
+    num_ranks = transport.num_ranks
+    headers = split_headers(p.pending.wait(), num_ranks)
     per_rank, send, expect = headers.fields, headers.send, headers.expect
     me = transport.rank
     where = f"process group {transport.description}"

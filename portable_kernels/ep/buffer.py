@@ -26,12 +26,12 @@ from ..layouts.fp8_scales import sm100_ue8m0_encode
 from ..prepare import prepare_inputs
 from ..tensors import describe
 from . import buffer_checks as chk
-from .agreement import agree
+from .agreement import Proposal, propose
 from .checks import _check_num_experts, _check_positive_int, _check_topk_idx
 from .dispatch_layout import get_dispatch_layout as _layout
 from .events import EventHandle, EventOverlap, completed_event
 from .low_latency_exchange import AllToAllLowLatencyEngine, CallInfo, LowLatencyEngine
-from .normal_exchange import plan_combine, plan_dispatch, run_combine, run_dispatch, staging_need
+from .normal_exchange import plan_combine, plan_dispatch, run_combine, run_dispatch, stage_dispatch, staging_need
 from .results import DispatchHandle, LowLatencyHandle
 from .sizes import NUM_MAX_NVL_PEERS, Config, default_config, get_low_latency_rdma_size_hint, num_rdma_ranks
 from .workspace import Workspace
@@ -231,9 +231,11 @@ class Buffer:
         except Exception as exc:  # shared with the peers before it is raised here (see agreement.py)
             error = exc
         call = self._next_call(op, OpCode.CACHED_DISPATCH if handle is not None else OpCode.DISPATCH, device, error)
-        agreement = self._agree(call, plan, staging_need)
+        proposal = self._propose(call, plan, staging_need)
         self._wait(previous_event)
-        out = run_dispatch(self.transport, op, plan, agreement, self._workspace)
+        staged = stage_dispatch(plan, self._workspace)  # packs the rows while the header is in flight
+        agreement = proposal.settle()
+        out = run_dispatch(self.transport, op, plan, staged, agreement, self._workspace)
         return (*out, completed_event(device))
 
     def _plan_dispatch(self, op, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx,
@@ -271,14 +273,15 @@ class Buffer:
         return plan_dispatch(data, scales, is_token_in_rank, topk_idx, topk_weights, num_experts, num_tokens_per_expert,
                              expert_alignment, num_worst_tokens, None, self._normal_budget())
 
-    def _agree(self, call: CallInfo, plan: Any, need: Callable[..., int] | None):
+    def _propose(self, call: CallInfo, plan: Any, need: Callable[..., int] | None) -> Proposal:
+        """Start the header exchange; with a local error it settles at once (and raises there)."""
         fields = {Field.OP: call.op_code, Field.SEQ: call.seq}
         if plan is None:
-            return agree(self.transport, call.op, fields, [0] * self.group_size, None, call.device, (),
-                         call.local_error)
-        return agree(self.transport, call.op, {**plan.fields, **fields}, plan.send_rows, plan.expect_rows,
-                     call.device, plan.must_match, None, need, getattr(plan, "send_marks", None),
-                     getattr(plan, "expect_marks", None))
+            propose(self.transport, call.op, fields, [0] * self.group_size, None, call.device, (),
+                    call.local_error).settle()
+        return propose(self.transport, call.op, {**plan.fields, **fields}, plan.send_rows, plan.expect_rows,
+                       call.device, plan.must_match, None, need, getattr(plan, "send_marks", None),
+                       getattr(plan, "expect_marks", None))
 
     def combine(self, x: torch.Tensor, handle: DispatchHandle, topk_weights: Optional[torch.Tensor] = None,
                 bias: Any = None, config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
@@ -307,8 +310,9 @@ class Buffer:
         except Exception as exc:
             error = exc
         call = self._next_call(op, OpCode.COMBINE, device, error)
-        agreement = self._agree(call, plan, staging_need)
+        proposal = self._propose(call, plan, staging_need)
         self._wait(previous_event)
+        agreement = proposal.settle()
         combined, weights = run_combine(self.transport, op, plan, agreement, self._workspace)
         return combined, weights, completed_event(device)
 

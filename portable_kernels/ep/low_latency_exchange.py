@@ -26,7 +26,7 @@ import torch
 from ..errors import ContractError, format_problem
 from ..layouts.fp8_scales import tma_aligned_mn
 from ..quantization import per_token_cast_to_fp8
-from .agreement import Agreement, agree
+from .agreement import Agreement, Proposal, propose
 from .constants import LAYOUT_RANGE_SHIFT, NO_EXPERT, SCALE_BLOCK
 from .results import LowLatencyHandle, Rows
 from .sizes import get_low_latency_rdma_size_hint
@@ -74,16 +74,16 @@ class AllToAllLowLatencyEngine:
         self.budget = budget
         self.workspace = workspace or Workspace()
 
-    def _agree(self, call: CallInfo, fields: dict[Field, int], send: list[int], expect: list[int] | None,
-               device: torch.device, must: tuple[Field, ...], ll: bool) -> Agreement:
+    def _propose(self, call: CallInfo, fields: dict[Field, int], send: list[int], expect: list[int] | None,
+                 device: torch.device, must: tuple[Field, ...], ll: bool) -> Proposal:
         fields = {**fields, Field.OP: call.op_code, Field.SEQ: call.seq, Field.BUDGET: self.budget()}
 
         def need(agreement: Agreement, rank: int) -> int:
             return get_low_latency_rdma_size_hint(agreement.field(Field.MAX_TOKENS, rank),
                                                   agreement.field(Field.HIDDEN, rank), self.transport.num_ranks,
                                                   agreement.field(Field.NUM_EXPERTS, rank))
-        return agree(self.transport, call.op, fields, send, expect, device, must, call.local_error,
-                     need if ll else None)
+        return propose(self.transport, call.op, fields, send, expect, device, must, call.local_error,
+                       need if ll else None)
 
     # ---------------------------------------------------------------- dispatch
 
@@ -92,8 +92,8 @@ class AllToAllLowLatencyEngine:
                  ) -> tuple[Rows, torch.Tensor, LowLatencyHandle]:
         transport, num_ranks, device = self.transport, self.transport.num_ranks, call.device
         if call.local_error is not None:
-            self._agree(call, {}, [0] * num_ranks, None, device, (), ll=False)
-            raise call.local_error  # agree() re-raises first; kept for readers
+            self._propose(call, {}, [0] * num_ranks, None, device, (), ll=False).settle()
+            raise call.local_error  # settle() re-raises first; kept for readers
         per_rank = num_experts // num_ranks
         idx = topk_idx.long()
         owner = torch.where(idx >= 0, idx // per_rank, num_ranks)
@@ -101,22 +101,25 @@ class AllToAllLowLatencyEngine:
         in_rank.scatter_(1, owner, True)
         dest, token = in_rank[:, :num_ranks].T.nonzero(as_tuple=True)
         send = torch.bincount(dest, minlength=num_ranks).tolist()
-        if use_fp8:
+        hidden, num_topk = x.shape[1], idx.shape[1]
+        # a row: the token's bytes (bf16, or FP8 and its scales), its index, its global expert ids
+        token_bytes = hidden + hidden // SCALE_BLOCK * 4 if use_fp8 else row_bytes(x)
+        width = token_bytes + 4 + 4 * num_topk
+        fields = {Field.NUM_EXPERTS: num_experts, Field.HIDDEN: hidden, Field.FORM: FORMS[x.dtype],
+                  Field.NUM_TOPK: num_topk, Field.NUM_TOKENS: x.shape[0],
+                  Field.MAX_TOKENS: num_max_dispatch_tokens_per_rank,
+                  Field.FLAGS: _flags(use_fp8, round_scale, use_ue8m0), Field.ROW_BYTES: width}
+        must = (Field.NUM_EXPERTS, Field.HIDDEN, Field.FORM, Field.NUM_TOPK, Field.MAX_TOKENS, Field.FLAGS)
+        proposal = self._propose(call, fields, send, None, device, must, ll=True)
+        if use_fp8:  # cast and pack while the header is in flight
             cast = per_token_cast_to_fp8(x, gran_k=SCALE_BLOCK, use_ue8m0=round_scale)
             parts = [cast.data, cast.scale]
         else:
             parts = [x]
-        # per token: its bytes, its index and its global expert ids (each receiver keeps its own)
         parts += [torch.arange(x.shape[0], dtype=torch.int32, device=device), topk_idx.to(torch.int32)]
-        width = sum(row_bytes(p) for p in parts)
         packed = self.workspace.take("ll-send", (token.numel(), width), torch.uint8, device)
         pack_rows(parts, token, out=packed)
-        fields = {Field.NUM_EXPERTS: num_experts, Field.HIDDEN: x.shape[1], Field.FORM: FORMS[x.dtype],
-                  Field.NUM_TOPK: idx.shape[1], Field.NUM_TOKENS: x.shape[0],
-                  Field.MAX_TOKENS: num_max_dispatch_tokens_per_rank,
-                  Field.FLAGS: _flags(use_fp8, round_scale, use_ue8m0), Field.ROW_BYTES: width}
-        must = (Field.NUM_EXPERTS, Field.HIDDEN, Field.FORM, Field.NUM_TOPK, Field.MAX_TOKENS, Field.FLAGS)
-        agreement = self._agree(call, fields, send, None, device, must, ll=True)
+        agreement = proposal.settle()
         recv_splits = agreement.recv_rows()
         rows = self.workspace.take("ll-recv", (sum(recv_splits), width), torch.uint8, device)
         transport.all_to_all(rows, packed, recv_splits, send, call.op)
@@ -128,7 +131,7 @@ class AllToAllLowLatencyEngine:
     def combine(self, call: CallInfo, x: Any, topk_idx: Any, topk_weights: Any, handle: Any) -> torch.Tensor:
         transport, num_ranks, device = self.transport, self.transport.num_ranks, call.device
         if call.local_error is not None:
-            self._agree(call, {}, [0] * num_ranks, None, device, (), ll=False)
+            self._propose(call, {}, [0] * num_ranks, None, device, (), ll=False).settle()
             raise call.local_error
         per_rank = handle.num_experts // num_ranks
         src_rank = handle.recv_src_rank
@@ -140,18 +143,20 @@ class AllToAllLowLatencyEngine:
         idx = topk_idx.long()
         owner = torch.where(idx >= 0, idx // per_rank, num_ranks)
         expect = torch.bincount(owner.flatten(), minlength=num_ranks + 1)[:num_ranks].tolist()
-        flat = (expert * x.shape[1] + slot)
+        width = row_bytes(x[0]) + 8
+        fields = {Field.NUM_EXPERTS: handle.num_experts, Field.HIDDEN: x.shape[-1], Field.FORM: FORMS[x.dtype],
+                  Field.NUM_TOKENS: idx.shape[0], Field.MAX_TOKENS: handle.num_max_dispatch_tokens_per_rank,
+                  Field.ROW_BYTES: width}
+        must = (Field.NUM_EXPERTS, Field.HIDDEN, Field.FORM, Field.MAX_TOKENS)
+        proposal = self._propose(call, fields, send, expect, device, must, ll=True)
+        # rows out of their slots, with (token, global expert), while the header is in flight
+        flat = expert * x.shape[1] + slot
         token = handle.recv_src_info[expert, slot].to(torch.int32)
         global_expert = (expert + transport.rank * per_rank).to(torch.int32)
-        width = row_bytes(x[0]) + 8
         packed = self.workspace.take("ll-send", (flat.numel(), width), torch.uint8, device)
         torch.index_select(as_bytes(x.reshape(-1, x.shape[-1])), 0, flat, out=packed[:, :width - 8])
         packed[:, width - 8:] = pack_rows([token, global_expert])
-        fields = {Field.NUM_EXPERTS: handle.num_experts, Field.HIDDEN: x.shape[-1], Field.FORM: FORMS[x.dtype],
-                  Field.NUM_TOKENS: idx.shape[0], Field.MAX_TOKENS: handle.num_max_dispatch_tokens_per_rank,
-                  Field.ROW_BYTES: packed.shape[1]}
-        must = (Field.NUM_EXPERTS, Field.HIDDEN, Field.FORM, Field.MAX_TOKENS)
-        agreement = self._agree(call, fields, send, expect, device, must, ll=True)
+        agreement = proposal.settle()
         recv_splits = agreement.recv_rows()
         received = self.workspace.take("ll-recv", (sum(recv_splits), packed.shape[1]), torch.uint8, device)
         transport.all_to_all(received, packed, recv_splits, send, call.op)

@@ -31,7 +31,7 @@ from .wire import FORMS, Field, as_bytes, fingerprints, pack_rows, row_bytes, un
 
 
 #: rows per fp32 chunk of the combine's accumulation
-COMBINE_CHUNK_ROWS = 256
+COMBINE_CHUNK_ROWS = 64
 
 
 @attrs.frozen(eq=False)
@@ -109,7 +109,29 @@ def _check_worst_tokens(op: str, agreement: Agreement, description: str) -> None
                                                "raise num_worst_tokens (num_tokens * num_ranks always fits)"))
 
 
-def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, agreement: Agreement,
+@attrs.frozen(eq=False)
+class StagedDispatch:
+    """The send side packed (while the header is in flight): token rows and their metadata rows."""
+
+    rows: torch.Tensor                   # uint8 [S, row bytes], destination-major
+    meta: torch.Tensor | None            # uint8 [S, metadata bytes] or None
+    meta_specs: list[tuple[torch.dtype, tuple[int, ...]]]
+
+
+def stage_dispatch(plan: DispatchPlan, workspace: Workspace) -> StagedDispatch:
+    data_bytes = as_bytes(plan.x)
+    rows = workspace.take("dispatch-send", (plan.dest_token.numel(), data_bytes.shape[1]), torch.uint8, plan.x.device)
+    torch.index_select(data_bytes, 0, plan.dest_token, out=rows)
+    parts = _meta_parts(plan)
+    if not parts:  # a cached bf16 dispatch moves the rows alone
+        return StagedDispatch(rows, None, [])
+    meta = workspace.take("dispatch-meta-send", (plan.dest_token.numel(), sum(row_bytes(p) for p in parts)),
+                          torch.uint8, plan.x.device)
+    pack_rows(parts, plan.dest_token, out=meta)
+    return StagedDispatch(rows, meta, [(p.dtype, tuple(p.shape[1:])) for p in parts])
+
+
+def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, staged: StagedDispatch, agreement: Agreement,
                  workspace: Workspace) -> tuple[Any, ...]:
     """Move the rows; returns DeepEP's (recv_x, recv_topk_idx, recv_topk_weights, counts, handle)."""
     _check_worst_tokens(op, agreement, transport.description)
@@ -118,19 +140,17 @@ def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, agreement: A
     received = sum(recv_splits)
     rows = max(received, plan.num_worst_tokens)
 
-    data_bytes = as_bytes(plan.x)
-    send = workspace.take("dispatch-send", (plan.dest_token.numel(), data_bytes.shape[1]), torch.uint8, device)
-    torch.index_select(data_bytes, 0, plan.dest_token, out=send)
     recv_x = torch.empty((rows, plan.x.shape[1]), dtype=plan.x.dtype, device=device)
-    transport.all_to_all(as_bytes(recv_x[:received]), send, recv_splits, plan.send_rows, op)
-
-    parts = _meta_parts(plan)
+    # both collectives in flight at once: the metadata rides beside the rows
+    moving = [transport.start_all_to_all(as_bytes(recv_x[:received]), staged.rows, recv_splits, plan.send_rows, op)]
     unpacked: list[torch.Tensor] = []
-    if parts:  # a cached bf16 dispatch moves the rows alone
-        specs = [(p.dtype, tuple(p.shape[1:])) for p in parts]
-        meta = workspace.take("dispatch-meta", (received, sum(row_bytes(p) for p in parts)), torch.uint8, device)
-        transport.all_to_all(meta, pack_rows(parts, plan.dest_token), recv_splits, plan.send_rows, op)
-        unpacked = unpack_rows(meta, specs)
+    if staged.meta is not None:
+        meta = workspace.take("dispatch-meta", (received, staged.meta.shape[1]), torch.uint8, device)
+        moving.append(transport.start_all_to_all(meta, staged.meta, recv_splits, plan.send_rows, op))
+    for pending in moving:
+        pending.wait()
+    if staged.meta is not None:
+        unpacked = unpack_rows(meta, staged.meta_specs)
 
     def padded(t: torch.Tensor, fill: float | int) -> torch.Tensor:
         if rows == received:
@@ -219,10 +239,14 @@ def run_combine(transport: Transport, op: str, plan: CombinePlan, agreement: Agr
     transport.all_to_all(as_bytes(rows), as_bytes(plan.x), recv_splits, plan.send_rows, op)
     num_tokens = plan.handle.num_tokens
     out = workspace.take("combine-sum", (num_tokens, plan.x.shape[1]), torch.float32, device).zero_()
-    # in chunks, so the fp32 copy of the rows stays small (cache-sized) instead of [S, H]
+    # in chunks through one reused fp32 area, so the converted rows stay cache-sized (no [S, H] copy)
+    chunk = workspace.take("combine-chunk", (min(COMBINE_CHUNK_ROWS, returned), plan.x.shape[1]), torch.float32,
+                           device)
     for start in range(0, returned, COMBINE_CHUNK_ROWS):
         stop = min(start + COMBINE_CHUNK_ROWS, returned)
-        out.index_add_(0, plan.sent_tokens[start:stop], rows[start:stop].float())
+        converted = chunk[:stop - start]
+        converted.copy_(rows[start:stop])
+        out.index_add_(0, plan.sent_tokens[start:stop], converted)
     for bias in plan.biases:
         out += bias.float()
     weights = None

@@ -36,8 +36,15 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 300.0
 
 
+class Pending(Protocol):
+    """A collective in flight; wait() blocks until it completes (or raises EPTimeoutError)."""
+
+    def wait(self) -> torch.Tensor | None: ...
+
+
 class Transport(Protocol):
-    """What the Buffer needs from a communication library."""
+    """What the Buffer needs from a communication library. The start_* forms return at once so
+    local work can overlap the collective; the plain forms are start + wait."""
 
     rank: int
     num_ranks: int
@@ -49,6 +56,23 @@ class Transport(Protocol):
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
                    in_splits: Sequence[int], op: str) -> None:
         """Rows inp[sum(in_splits[:d]) : ...] go to rank d; rows from rank s land in out in rank order."""
+
+    def start_all_gather(self, header: torch.Tensor, op: str) -> Pending: ...
+
+    def start_all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
+                         in_splits: Sequence[int], op: str) -> Pending: ...
+
+
+class _Work:
+    """A started torch.distributed collective and what its wait() returns."""
+
+    def __init__(self, transport: "TorchDistributedTransport", work: object, result: torch.Tensor | None, op: str,
+                 what: str) -> None:
+        self.transport, self.work, self.result, self.op, self.what = transport, work, result, op, what
+
+    def wait(self) -> torch.Tensor | None:
+        self.transport._wait(self.work, self.op, self.what)
+        return self.result
 
 
 def _as_timedelta(timeout: float | datetime.timedelta) -> datetime.timedelta:
@@ -107,7 +131,7 @@ class TorchDistributedTransport:
             f"(backend said: {cause}). Fix: find the rank that failed or stalled (its own log); then destroy "
             "this process group and create a new one — it cannot be reused.") from exc
 
-    def all_gather(self, header: torch.Tensor, op: str) -> torch.Tensor:
+    def start_all_gather(self, header: torch.Tensor, op: str) -> _Work:
         from torch._C._distributed_c10d import AllgatherOptions
 
         self._fail_fast(op)
@@ -118,11 +142,10 @@ class TorchDistributedTransport:
             work = self.group._allgather_base(out, header.contiguous(), opts)  # type: ignore[attr-defined]
         except Exception as exc:
             self._raise(op, "header all-gather", exc)
-        self._wait(work, op, "header all-gather")
-        return out.view(self.num_ranks, header.numel())
+        return _Work(self, work, out.view(self.num_ranks, header.numel()), op, "header all-gather")
 
-    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
-                   in_splits: Sequence[int], op: str) -> None:
+    def start_all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
+                         in_splits: Sequence[int], op: str) -> _Work:
         from torch._C._distributed_c10d import AllToAllOptions
 
         self._fail_fast(op)
@@ -132,4 +155,13 @@ class TorchDistributedTransport:
             work = self.group.alltoall_base(out, inp, list(out_splits), list(in_splits), opts)  # type: ignore
         except Exception as exc:
             self._raise(op, "all-to-all", exc)
-        self._wait(work, op, "all-to-all")
+        return _Work(self, work, None, op, "all-to-all")
+
+    def all_gather(self, header: torch.Tensor, op: str) -> torch.Tensor:
+        result = self.start_all_gather(header, op).wait()
+        assert result is not None  # an all-gather always has a result
+        return result
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
+                   in_splits: Sequence[int], op: str) -> None:
+        self.start_all_to_all(out, inp, out_splits, in_splits, op).wait()
