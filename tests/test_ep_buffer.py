@@ -5,8 +5,10 @@ arguments, sizes, events and the transport's error mapping."""
 from __future__ import annotations
 
 import datetime
+import re
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +22,7 @@ from portable_kernels.testing.core import CaseFailure
 from portable_kernels.testing.ep_buffer_oracle import check_scenario
 from portable_kernels.testing.ep_buffer_scenarios import Scenario, run_scenarios
 from portable_kernels.testing.ep_cases import random_routing
-from portable_kernels.testing.ep_distributed import run_ranks
+from portable_kernels.testing.ep_distributed import exec_blocks, run_ranks
 from portable_kernels.testing.generators import randn
 
 BUFFER = dict(num_nvl_bytes=int(1e8), num_rdma_bytes=int(1e8), timeout=30)
@@ -91,6 +93,14 @@ def test_four_ranks_match_the_single_process_contract(four_ranks, scenario):
 @pytest.mark.parametrize("scenario", EIGHT, ids=lambda s: s.name)
 def test_eight_ranks_match_the_single_process_contract(eight_ranks, scenario):
     _check(eight_ranks, scenario)
+
+
+def test_the_ep_doc_examples_run_on_two_ranks():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "ep.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 2
+    outcomes = run_ranks(2, exec_blocks, (blocks, "ep.md"), timeout_s=LAUNCH_TIMEOUT_S)
+    assert all(o.ok and o.value is True for o in outcomes), "\n".join(o.describe() for o in outcomes)
 
 
 def test_the_oracle_catches_a_wrong_rank_result(two_ranks):
@@ -199,6 +209,16 @@ def test_dispatch_handle_indexes_like_deep_eps_tuple(solo):
     assert handle[4] is handle.is_token_in_rank and handle[1] is None and len(handle) == 6
 
 
+def test_cached_fp8_dispatch_returns_the_pair_along_the_first_layout(solo):
+    first = solo.dispatch(X, topk_idx=IDX, **_layout_args(solo, IDX))
+    q = pk.per_token_cast_to_fp8(randn(6, 128, seed=84, dtype=torch.bfloat16))
+    recv_x, *rest = solo.dispatch((q.data, q.scale), handle=first[4])
+    want = pk.simulate_dispatch([(q.data, q.scale)], handles=[first[4]])[0].recv_x
+    assert rest[:4] == [None] * 4 and isinstance(rest[4], EventOverlap)
+    assert torch.equal(recv_x[0].view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(recv_x[1], want[1])
+
+
 def _bad_dispatch(**change):
     def build(buffer):
         args = dict(x=X, topk_idx=IDX, topk_weights=W, **_layout_args(buffer, IDX))
@@ -259,8 +279,8 @@ LL_ERRORS = {
                                  "'cumulative_local_expert_recv_stats'"),
     "prepare_for without fp8": (lambda b: _ll_dispatch(b, use_fp8=False, prepare_for="m_grouped_fp8_gemm_nt_masked"),
                                 "'prepare_for'"),
-    "combine with a tuple handle": (lambda b: b.low_latency_combine(torch.zeros(4, 8, 128, dtype=torch.bfloat16), IDX, W,
-                                                                    tuple(_ll_handle(b))), "'handle'"),
+    "combine with a tuple handle": (lambda b: b.low_latency_combine(torch.zeros(4, 8, 128, dtype=torch.bfloat16), IDX,
+                                                                    W, tuple(_ll_handle(b))), "'handle'"),
     "combine without weights": (lambda b: b.low_latency_combine(torch.zeros(4, 8, 128, dtype=torch.bfloat16), IDX, None,
                                                                 _ll_handle(b)), "'topk_weights'"),
     "combine x of the wrong shape": (lambda b: b.low_latency_combine(torch.zeros(4, 4, 128, dtype=torch.bfloat16), IDX,

@@ -27,7 +27,7 @@ from ..prepare import prepare_inputs
 from ..tensors import describe
 from . import buffer_checks as chk
 from .agreement import Proposal, propose
-from .checks import _check_num_experts, _check_positive_int, _check_topk_idx
+from .checks import _check_num_experts, _check_positive_int
 from .dispatch_layout import get_dispatch_layout as _layout
 from .events import EventHandle, EventOverlap, completed_event
 from .low_latency_exchange import AllToAllLowLatencyEngine, CallInfo, LowLatencyEngine
@@ -344,27 +344,10 @@ class Buffer:
         error = None
         device = self._device_of(x)
         try:
-            chk.check_flags(op, use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0,
-                            async_finish=async_finish, return_recv_hook=return_recv_hook)
-            data = chk.check_low_latency_x(op, x, num_max_dispatch_tokens_per_rank, use_fp8)
-            experts = _check_num_experts(op, num_experts, self.group_size)
-            _check_topk_idx(op, "topk_idx", topk_idx, experts, data.shape[0], None, data.device)
-            if use_ue8m0 and not round_scale:
-                raise ContractError(format_problem(op, "use_ue8m0", True, "use_ue8m0 only with round_scale=True",
-                                                   "pass round_scale=True too (UE8M0 holds powers of two only)"))
-            if (round_scale or use_ue8m0) and not use_fp8:
-                raise ContractError(format_problem(op, "round_scale", True, "round_scale/use_ue8m0 only with use_fp8",
-                                                   "pass use_fp8=True or drop round_scale/use_ue8m0"))
-            if use_fp8 and round_scale:
-                chk.check_finite_for_round_scale(op, "x", data)
-            if prepare_for is not None and not use_fp8:
-                raise ContractError(format_problem(op, "prepare_for", repr(prepare_for), "None without use_fp8",
-                                                   "pass use_fp8=True to prepare FP8 rows, or drop prepare_for"))
-            per_rank = experts // self.group_size
-            chk.check_count_dtype(op, "cumulative_local_expert_recv_stats", cumulative_local_expert_recv_stats,
-                                  (per_rank,), (torch.int32,), data.device)
-            chk.check_count_dtype(op, "dispatch_wait_recv_cost_stats", dispatch_wait_recv_cost_stats,
-                                  (self.group_size, self.group_size), (torch.int64,), data.device)
+            chk.check_low_latency_dispatch_args(op, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                                                self.group_size, cumulative_local_expert_recv_stats,
+                                                dispatch_wait_recv_cost_stats, use_fp8, round_scale, use_ue8m0,
+                                                async_finish, return_recv_hook, prepare_for)
         except Exception as exc:
             error = exc
         call = self._next_call(op, OpCode.LOW_LATENCY_DISPATCH, device, error)
@@ -396,23 +379,8 @@ class Buffer:
         error = None
         device = self._device_of(x)
         try:
-            chk.check_flags(op, use_logfmt=use_logfmt, zero_copy=zero_copy, async_finish=async_finish,
-                            return_recv_hook=return_recv_hook)
-            given = chk.check_low_latency_handle(op, handle, self.group_size)
-            per_rank = given.num_experts // self.group_size
-            slots = given.num_max_dispatch_tokens_per_rank * self.group_size
-            chk._check_tensor(op, "x", x, chk.X_DTYPES, (per_rank, slots, given.hidden), given.recv_src_info.device,
-                              f"pass the expert outputs [L, M*R, H] = [{per_rank}, {slots}, {given.hidden}]")
-            _check_topk_idx(op, "topk_idx", topk_idx, given.num_experts, None, None, x.device)
-            if topk_idx.shape[0] > given.num_max_dispatch_tokens_per_rank:
-                raise ContractError(format_problem(op, "topk_idx", f"of {topk_idx.shape[0]} tokens",
-                                                   f"at most {given.num_max_dispatch_tokens_per_rank}",
-                                                   "pass the topk_idx given to low_latency_dispatch"))
-            chk.check_topk(op, topk_idx, topk_weights, given.num_experts, topk_idx.shape[0], x.device)
-            if topk_weights is None:
-                raise ContractError(format_problem(op, "topk_weights", "None", "fp32 [T, k]",
-                                                   "the low-latency combine is weighted: pass the router's weights"))
-            chk.check_count_dtype(op, "out", out, (topk_idx.shape[0], given.hidden), (x.dtype,), x.device)
+            chk.check_low_latency_combine_args(op, x, topk_idx, topk_weights, handle, self.group_size, out,
+                                               use_logfmt, zero_copy, async_finish, return_recv_hook)
         except Exception as exc:
             error = exc
         call = self._next_call(op, OpCode.LOW_LATENCY_COMBINE, device, error)

@@ -15,8 +15,8 @@ import torch
 from ..contract import checks_values
 from ..errors import ContractError, format_problem
 from ..tensors import describe
-from .checks import (_check_bool, _check_fp8_pair, _check_positive_int, _check_tensor, _check_topk_idx,
-                     check_finite_for_round_scale)
+from .checks import (_check_bool, _check_fp8_pair, _check_num_experts, _check_positive_int, _check_tensor,
+                     _check_topk_idx, check_finite_for_round_scale)
 from .constants import SCALE_BLOCK, WEIGHT_DTYPE, X_DTYPES
 from .dispatch_layout import get_dispatch_layout
 from .events import EventOverlap
@@ -122,7 +122,8 @@ def check_dispatch_handle(op: str, handle: Any, rank: int, num_ranks: int, num_t
     return handle
 
 
-def check_combine_args(op: str, x: Any, handle: DispatchHandle, topk_weights: Any, bias: Any) -> tuple[torch.Tensor, ...]:
+def check_combine_args(op: str, x: Any, handle: DispatchHandle, topk_weights: Any,
+                       bias: Any) -> tuple[torch.Tensor, ...]:
     """x [N or num_worst_tokens, H], fp32 weights [same rows, k] or None, bias: None, [T, H] or a pair."""
     rows = handle.num_worst_tokens or handle.recv_src_idx.shape[0]
     device = handle.recv_src_idx.device
@@ -180,3 +181,50 @@ def check_count_dtype(op: str, arg: str, t: Any, shape: tuple[int, ...], dtypes:
     if t is not None:
         _check_tensor(op, arg, t, dtypes, shape, device, f"pass {dtypes[0]} {list(shape)} or None")
 
+
+def check_low_latency_dispatch_args(op: str, x: Any, topk_idx: Any, num_max_dispatch_tokens_per_rank: Any,
+                                    num_experts: Any, num_ranks: int, stats: Any, wait_stats: Any, use_fp8: Any,
+                                    round_scale: Any, use_ue8m0: Any, async_finish: Any, return_recv_hook: Any,
+                                    prepare_for: Any) -> None:
+    check_flags(op, use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0, async_finish=async_finish,
+                return_recv_hook=return_recv_hook)
+    data = check_low_latency_x(op, x, num_max_dispatch_tokens_per_rank, use_fp8)
+    experts = _check_num_experts(op, num_experts, num_ranks)
+    _check_topk_idx(op, "topk_idx", topk_idx, experts, data.shape[0], None, data.device)
+    if use_ue8m0 and not round_scale:
+        raise ContractError(format_problem(op, "use_ue8m0", True, "use_ue8m0 only with round_scale=True",
+                                           "pass round_scale=True too (UE8M0 holds powers of two only)"))
+    if (round_scale or use_ue8m0) and not use_fp8:
+        raise ContractError(format_problem(op, "round_scale", True, "round_scale/use_ue8m0 only with use_fp8",
+                                           "pass use_fp8=True or drop round_scale/use_ue8m0"))
+    if use_fp8 and round_scale:
+        check_finite_for_round_scale(op, "x", data)
+    if prepare_for is not None and not use_fp8:
+        raise ContractError(format_problem(op, "prepare_for", repr(prepare_for), "None without use_fp8",
+                                           "pass use_fp8=True to prepare FP8 rows, or drop prepare_for"))
+    check_count_dtype(op, "cumulative_local_expert_recv_stats", stats, (experts // num_ranks,), (torch.int32,),
+                      data.device)
+    check_count_dtype(op, "dispatch_wait_recv_cost_stats", wait_stats, (num_ranks, num_ranks), (torch.int64,),
+                      data.device)
+
+
+def check_low_latency_combine_args(op: str, x: Any, topk_idx: Any, topk_weights: Any, handle: Any, num_ranks: int,
+                                   out: Any, use_logfmt: Any, zero_copy: Any, async_finish: Any,
+                                   return_recv_hook: Any) -> None:
+    check_flags(op, use_logfmt=use_logfmt, zero_copy=zero_copy, async_finish=async_finish,
+                return_recv_hook=return_recv_hook)
+    given = check_low_latency_handle(op, handle, num_ranks)
+    per_rank = given.num_experts // num_ranks
+    slots = given.num_max_dispatch_tokens_per_rank * num_ranks
+    _check_tensor(op, "x", x, X_DTYPES, (per_rank, slots, given.hidden), given.recv_src_info.device,
+                  f"pass the expert outputs [L, M*R, H] = [{per_rank}, {slots}, {given.hidden}]")
+    _check_topk_idx(op, "topk_idx", topk_idx, given.num_experts, None, None, x.device)
+    if topk_idx.shape[0] > given.num_max_dispatch_tokens_per_rank:
+        raise ContractError(format_problem(op, "topk_idx", f"of {topk_idx.shape[0]} tokens",
+                                           f"at most {given.num_max_dispatch_tokens_per_rank}",
+                                           "pass the topk_idx given to low_latency_dispatch"))
+    check_topk(op, topk_idx, topk_weights, given.num_experts, topk_idx.shape[0], x.device)
+    if topk_weights is None:
+        raise ContractError(format_problem(op, "topk_weights", "None", "fp32 [T, k]",
+                                           "the low-latency combine is weighted: pass the router's weights"))
+    check_count_dtype(op, "out", out, (topk_idx.shape[0], given.hidden), (x.dtype,), x.device)

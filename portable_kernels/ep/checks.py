@@ -173,4 +173,4 @@ def check_finite_for_round_scale(op: str, arg: str, x: torch.Tensor) -> None:
         raise ContractError(format_problem(op, arg, f"holding NaN or Inf (first in token {row})",
                                            "finite tokens with round_scale=True (a NaN/Inf block has no "
                                            "power-of-two scale)",
-                                           "clean the tokens (e.g. torch.nan_to_num / clamp) or pass round_scale=False"))
+                                           "clean the tokens (torch.nan_to_num / clamp) or pass round_scale=False"))

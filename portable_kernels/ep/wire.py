@@ -1,11 +1,12 @@
 """What the distributed Buffer puts on the wire: the per-call header and byte-packed rows.
 
-Every Buffer op starts with one all-gather of a fixed-size int64 header per rank (`Header`): the
+Every Buffer op starts with one all-gather of a fixed-size int64 header per rank (`header`): the
 op and call number, whether the rank accepted its own arguments, the settings that must agree
 across ranks (num_experts, hidden, payload form, top-k, ...), its buffer budget, and per peer the
-rows it will send and the rows it expects (and, for a combine, fingerprints of their order). Every rank then sees every rank's header, so argument
-errors, mismatched settings, oversized calls and mismatched handles are reported on ALL ranks
-before any payload moves — never one rank raising while the others wait in a collective.
+rows it will send and the rows it expects (and, for a combine, fingerprints of their order).
+Every rank then sees every rank's header, so argument errors, mismatched settings, oversized
+calls and mismatched handles are reported on ALL ranks before any payload moves — never one rank
+raising while the others wait in a collective.
 
 Rows travel as uint8 (`as_bytes`): fp8 and bool have no dtype on some backends (Gloo), and
 several per-row tensors (scales, top-k ids, weights, source index) pack into one row so one

@@ -18,15 +18,12 @@ from typing import Any, Sequence
 import attrs
 import torch
 
-from ..ep import Buffer, DispatchResult, LowLatencyDispatchResult, simulate_combine, simulate_dispatch
-from ..ep import simulate_low_latency_combine, simulate_low_latency_dispatch
+from ..ep import Buffer, DispatchResult, LowLatencyDispatchResult
 from ..grouped_gemm import m_grouped_fp8_gemm_nt_masked
 from ..layouts.fp8_scales import sm100_ue8m0_decode
 from ..numerics import calc_diff
 from ..quantization import dequantize, per_block_cast_to_fp8, per_token_cast_to_fp8
-from .core import CaseFailure
-from .ep_cases import (check_combine, check_dispatch, check_low_latency_combine, check_low_latency_dispatch,
-                       low_latency_expert_outputs, random_routing)
+from .ep_cases import (low_latency_expert_outputs, random_routing)
 from .generators import generator, randn
 
 #: calc_diff bound of the masked FP8 GEMM on received rows against dequantized operands

@@ -111,3 +111,11 @@ def run_ranks(num_ranks: int, target: Callable[..., Any], args: Sequence[Any] = 
             outcomes.append(RankOutcome(r, p.exitcode, saved.get("value"), saved.get("error_type"),
                                         saved.get("error"), saved.get("seconds")))
         return outcomes
+
+
+def exec_blocks(rank: int, num_ranks: int, group: Any, blocks: Sequence[str], name: str) -> bool:
+    """A run_ranks target: run documentation code blocks in order in one namespace holding `group`."""
+    namespace: dict[str, Any] = {"__name__": f"doc_{name}", "group": group}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"{name} block {i}", "exec"), namespace)
+    return True
