@@ -228,31 +228,48 @@ def plan_combine(x: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Te
                        fields)
 
 
+def _accumulate(out: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, chunk: torch.Tensor) -> None:
+    """out[tokens[i]] += fp32(rows[i]), through the reused fp32 `chunk` so the converted rows stay
+    cache-sized (no [S, H] fp32 copy)."""
+    for start in range(0, rows.shape[0], chunk.shape[0]):
+        stop = min(start + chunk.shape[0], rows.shape[0])
+        converted = chunk[:stop - start]
+        converted.copy_(rows[start:stop])
+        out.index_add_(0, tokens[start:stop], converted)
+
+
 def run_combine(transport: Transport, op: str, plan: CombinePlan, agreement: Agreement, workspace: Workspace
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The rows come back in the order this rank dispatched its tokens (the header's fingerprints
-    proved it on every rank), so they are added at `sent_tokens` without source indices."""
-    device = plan.x.device
+    proved it on every rank), so they are added at `sent_tokens` without source indices. The rows
+    this rank returns to itself are added from x while the collective moves the others; per token
+    the fp32 sum runs over this rank's rows first, then the other ranks' in rank order."""
+    device, me, hidden = plan.x.device, transport.rank, plan.x.shape[1]
     recv_splits = agreement.recv_rows()
     returned = sum(recv_splits)
-    rows = workspace.take("combine-recv", (returned, plan.x.shape[1]), plan.x.dtype, device)
-    transport.all_to_all(as_bytes(rows), as_bytes(plan.x), recv_splits, plan.send_rows, op)
+    rows = workspace.take("combine-recv", (returned, hidden), plan.x.dtype, device)
+    moving = [transport.start_all_to_all(as_bytes(rows), as_bytes(plan.x), recv_splits, plan.send_rows, op)]
+    back = None
+    if plan.topk_weights is not None:
+        back = workspace.take("combine-weights", (returned, plan.topk_weights.shape[1]), torch.float32, device)
+        moving.append(transport.start_all_to_all(back, plan.topk_weights.contiguous(), recv_splits, plan.send_rows,
+                                                 op))
     num_tokens = plan.handle.num_tokens
-    out = workspace.take("combine-sum", (num_tokens, plan.x.shape[1]), torch.float32, device).zero_()
-    # in chunks through one reused fp32 area, so the converted rows stay cache-sized (no [S, H] copy)
-    chunk = workspace.take("combine-chunk", (min(COMBINE_CHUNK_ROWS, returned), plan.x.shape[1]), torch.float32,
+    out = workspace.take("combine-sum", (num_tokens, hidden), torch.float32, device).zero_()
+    chunk = workspace.take("combine-chunk", (max(min(COMBINE_CHUNK_ROWS, returned), 1), hidden), torch.float32,
                            device)
-    for start in range(0, returned, COMBINE_CHUNK_ROWS):
-        stop = min(start + COMBINE_CHUNK_ROWS, returned)
-        converted = chunk[:stop - start]
-        converted.copy_(rows[start:stop])
-        out.index_add_(0, plan.sent_tokens[start:stop], converted)
+    own_x = sum(plan.send_rows[:me])        # this rank's own rows: a block of x ...
+    own = sum(recv_splits[:me])             # ... and the same block of the returned rows
+    own_end = own + recv_splits[me]
+    _accumulate(out, plan.x[own_x:own_x + recv_splits[me]], plan.sent_tokens[own:own_end], chunk)
+    for pending in moving:
+        pending.wait()
+    _accumulate(out, rows[:own], plan.sent_tokens[:own], chunk)
+    _accumulate(out, rows[own_end:], plan.sent_tokens[own_end:], chunk)
     for bias in plan.biases:
         out += bias.float()
     weights = None
-    if plan.topk_weights is not None:
-        back = torch.empty((returned, plan.topk_weights.shape[1]), dtype=torch.float32, device=device)
-        transport.all_to_all(back, plan.topk_weights.contiguous(), recv_splits, plan.send_rows, op)
-        weights = torch.zeros((num_tokens, plan.topk_weights.shape[1]), dtype=torch.float32, device=device)
+    if back is not None:
+        weights = torch.zeros((num_tokens, back.shape[1]), dtype=torch.float32, device=device)
         weights.index_add_(0, plan.sent_tokens, back)
     return out.to(plan.x.dtype), weights

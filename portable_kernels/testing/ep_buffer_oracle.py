@@ -8,9 +8,10 @@ from typing import Any, Sequence
 
 import torch
 
-from ..ep import (CombineResult, simulate_combine, simulate_dispatch, simulate_low_latency_combine,
+from ..ep import (COMBINE_BOUND, CombineResult, simulate_combine, simulate_dispatch, simulate_low_latency_combine,
                   simulate_low_latency_dispatch)
 from ..quantization import dequantize
+from .checks import assert_close
 from .core import CaseFailure
 from .ep_buffer_scenarios import GEMM_BOUND, Scenario, combine_rows, scenario_inputs, second_tokens
 from .ep_cases import (_equal_bits, check_combine, check_dispatch, check_dispatch_layout, check_low_latency_combine,
@@ -88,7 +89,8 @@ def _check_combined(s: Scenario, xs: list[Any], idx: list[torch.Tensor], ws: lis
     back = [combine_rows(w.recv_x, d) for d, w in enumerate(ref)]
     want = simulate_combine(back, [w.handle for w in ref], [w.recv_topk_weights for w in ref] if ws else None)
     for r, ((x, cw), w) in enumerate(zip(combined, want)):
-        _same(x, w.combined_x, f"rank {r}: combined_x")
+        # the fp32 sum may run in another order than the reference's (DeepEP leaves it open)
+        assert_close(x, w.combined_x.double(), COMBINE_BOUND, f"rank {r}: combined_x")
         _same(cw, w.combined_topk_weights, f"rank {r}: combined_topk_weights")
     return check_combine(_plain_tokens(xs), idx, ws, s.num_experts, [CombineResult(x, w) for x, w in combined])
 

@@ -235,7 +235,7 @@ def _die(buffer: Buffer, rank: int, num_ranks: int, s: Scenario) -> Any:
     if rank == num_ranks - 1:
         if s.kind == "kill":
             os._exit(17)
-        time.sleep(buffer.transport.timeout.total_seconds() + 3)
+        time.sleep(buffer.transport.timeout.total_seconds() + 1.5)
         return "stalled"
     return _normal(buffer, rank, num_ranks, s)
 
