@@ -42,6 +42,8 @@ CORRECTNESS = [
     Scenario("low latency fp8", kind="low-latency", seed=10),
     Scenario("low latency fp8 round_scale", kind="low-latency", round_scale=True, seed=11),
     Scenario("low latency fp8 ue8m0", kind="low-latency", round_scale=True, use_ue8m0=True, seed=12),
+    Scenario("low latency with an empty rank", kind="low-latency", routing="empty-rank", seed=15),
+    Scenario("low latency, all tokens to one rank", kind="low-latency", routing="one-rank", use_fp8=False, seed=16),
 ]
 ERRORS = [
     Scenario("num_experts differs across ranks", kind="mismatch-experts"),

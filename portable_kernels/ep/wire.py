@@ -131,6 +131,8 @@ def row_bytes(t: torch.Tensor) -> int:
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A tensor [N, ...] as uint8 [N, row bytes] (a view when t is contiguous; empty tensors too)."""
+    if t.numel() == 0:  # empty tensors may carry strides a dtype view refuses
+        return torch.empty((t.shape[0], row_bytes(t)), dtype=torch.uint8, device=t.device)
     t = t.contiguous()
     return t.view(torch.uint8).view(t.shape[0], row_bytes(t))
 
