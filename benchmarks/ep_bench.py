@@ -58,7 +58,7 @@ def bench_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> di
     tokens, hidden, experts = cfg["tokens"], cfg["hidden"], cfg["experts"]
     x = randn(tokens, hidden, seed=1000 + rank, dtype=torch.bfloat16, device=device)
     idx = random_routing(tokens, cfg["topk"], experts, seed=2000 + rank, device=device)
-    payload = (per_token_cast_to_fp8(x).data, per_token_cast_to_fp8(x).scale) if cfg["fp8"] else x
+    payload = tuple(per_token_cast_to_fp8(x)) if cfg["fp8"] else x
     buffer = Buffer(group, int(4e9), timeout=300)
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, experts)
     layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
@@ -71,18 +71,18 @@ def bench_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> di
     recv_splits = first[4].rank_prefix_matrix[:, rank].diff(prepend=torch.zeros(1, device=device,
                                                                                  dtype=torch.int32)).tolist()
     row_bytes = hidden * (1 if cfg["fp8"] else 2)
-    raw_out = torch.empty(sum(send_splits), row_bytes, dtype=torch.uint8, device=device)
-    raw_in = torch.empty(recv_rows, row_bytes, dtype=torch.uint8, device=device)
-    raw_back_in = torch.empty(recv_rows, hidden * 2, dtype=torch.uint8, device=device)
-    raw_back_out = torch.empty(sum(send_splits), hidden * 2, dtype=torch.uint8, device=device)
+    raw_send = torch.empty(sum(send_splits), row_bytes, dtype=torch.uint8, device=device)
+    raw_recv = torch.empty(recv_rows, row_bytes, dtype=torch.uint8, device=device)
+    raw_back_send = torch.empty(recv_rows, hidden * 2, dtype=torch.uint8, device=device)
+    raw_back_recv = torch.empty(sum(send_splits), hidden * 2, dtype=torch.uint8, device=device)
 
     def run_buffer() -> None:
         recv = buffer.dispatch(payload, topk_idx=idx, **layout)
         buffer.combine(back, recv[4])
 
     def run_raw() -> None:
-        dist.all_to_all_single(raw_in, raw_out, recv_splits, send_splits, group=group)
-        dist.all_to_all_single(raw_back_out, raw_back_in, send_splits, recv_splits, group=group)
+        dist.all_to_all_single(raw_recv, raw_send, recv_splits, send_splits, group=group)
+        dist.all_to_all_single(raw_back_recv, raw_back_send, send_splits, recv_splits, group=group)
 
     for _ in range(cfg["warmup"]):
         run_buffer()
