@@ -8,12 +8,15 @@ Per group size, R local processes (CPU tensors over Gloo; with --backend nccl on
 run, after warm-up, `rounds` rounds of
   buffer: Buffer.dispatch (layout given) + Buffer.combine of the received rows, and
   raw:    two all_to_all_single calls moving the same token rows (out and back) with the same
-          splits, from pre-packed send buffers into pre-allocated receive buffers —
+          splits, from pre-packed send buffers into pre-allocated receive buffers, and
+  raw_alloc: the same two calls into receive buffers allocated per call (what user code writes;
+          the Buffer, like DeepEP, returns fresh tensors — on CPU every fresh large tensor pays
+          page faults, which a GPU's caching allocator hides) —
 interleaved round by round, each timed from a barrier to the slowest rank's end. Payload = the
 token rows that cross ranks (dispatch recv_x bytes + combine send bytes, all ranks), as DeepEP
 counts them; GB/s = payload / time. Printed: median GB/s with [min, max] over the rounds, and
-ratio = raw time / buffer time (1.0 = no overhead over the bare collective; target >= 0.8 on
-Gloo). NCCL runs the same code on `cuda:rank` (untested here: this machine has no GPU).
+ratio = raw time / buffer time, per round (1.0 = no overhead over the bare collective; target
+>= 0.8 on Gloo). NCCL runs the same code on `cuda:rank` (untested here: this machine has no GPU).
 A benchmark, not a test: it prints only.
 """
 
@@ -84,13 +87,21 @@ def bench_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> di
         dist.all_to_all_single(raw_recv, raw_send, recv_splits, send_splits, group=group)
         dist.all_to_all_single(raw_back_recv, raw_back_send, send_splits, recv_splits, group=group)
 
+    def run_raw_allocating() -> None:
+        """What user code would write: a fresh output per call, as the Buffer returns fresh tensors."""
+        out = torch.empty_like(raw_recv)
+        dist.all_to_all_single(out, raw_send, recv_splits, send_splits, group=group)
+        back = torch.empty_like(raw_back_recv)
+        dist.all_to_all_single(back, raw_back_send, send_splits, recv_splits, group=group)
+
+    runs = {"buffer": run_buffer, "raw": run_raw, "raw_alloc": run_raw_allocating}
     for _ in range(cfg["warmup"]):
-        run_buffer()
-        run_raw()
-    times: dict[str, list[float]] = {"buffer": [], "raw": []}
+        for fn in runs.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(cfg["rounds"]):
-        times["buffer"].append(_synced_seconds(group, device, run_buffer))
-        times["raw"].append(_synced_seconds(group, device, run_raw))
+        for name, fn in runs.items():
+            times[name].append(_synced_seconds(group, device, fn))
     moved = torch.tensor([recv_rows * (row_bytes + hidden * 2)], dtype=torch.float64, device=device)
     dist.all_reduce(moved, group=group)
     return {"times": times, "payload_bytes": float(moved.item())}
@@ -98,7 +109,7 @@ def bench_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> di
 
 def _summary(payload: float, seconds: list[float]) -> str:
     rates = sorted(payload / t / 1e9 for t in seconds)
-    return f"{statistics.median(rates):7.3f} [{rates[0]:.3f}, {rates[-1]:.3f}]"
+    return f"{statistics.median(rates):.3f} [{rates[0]:.3f}, {rates[-1]:.3f}]"
 
 
 def main() -> None:
@@ -116,18 +127,21 @@ def main() -> None:
     cfg = vars(args)
     print(f"ep_bench {datetime.date.today()} backend={args.backend} tokens/rank={args.tokens} hidden={args.hidden} "
           f"topk={args.topk} experts={args.experts} fp8={args.fp8} rounds={args.rounds} torch={torch.__version__}")
-    print(f"{'ranks':>5} {'payload MB':>10} {'buffer GB/s median [min, max]':>32} {'raw GB/s median [min, max]':>30}"
-          f" {'ratio median [min, max]':>26}")
+    print(f"{'ranks':>5} {'payload MB':>10} {'buffer GB/s median [min, max]':>30} {'raw GB/s':>22} {'ratio':>22}"
+          f" {'raw_alloc GB/s':>22} {'ratio_alloc':>22}")
     for num_ranks in args.ranks:
         outcomes = run_ranks(num_ranks, bench_rank, (cfg,), backend=args.backend, timeout_s=1800)
         bad = [o.describe() for o in outcomes if not o.ok]
         if bad:
             raise SystemExit("\n".join(bad))
         result = outcomes[0].value
-        payload, buf, raw = result["payload_bytes"], result["times"]["buffer"], result["times"]["raw"]
-        ratios = sorted(r / b for r, b in zip(raw, buf))
-        print(f"{num_ranks:>5} {payload / 1e6:>10.1f} {_summary(payload, buf):>32} {_summary(payload, raw):>30} "
-              f"{statistics.median(ratios):>11.3f} [{ratios[0]:.3f}, {ratios[-1]:.3f}]")
+        payload, times = result["payload_bytes"], result["times"]
+        line = f"{num_ranks:>5} {payload / 1e6:>10.1f} {_summary(payload, times['buffer']):>30}"
+        for name in ("raw", "raw_alloc"):
+            ratios = sorted(r / b for r, b in zip(times[name], times["buffer"]))
+            line += (f" {_summary(payload, times[name]):>22} {statistics.median(ratios):>7.3f} "
+                     f"[{ratios[0]:.3f}, {ratios[-1]:.3f}]")
+        print(line)
 
 
 if __name__ == "__main__":

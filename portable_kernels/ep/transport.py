@@ -3,7 +3,8 @@
 A transport does two things, each a collective over the Buffer's group, each bounded by the
 Buffer's timeout:
 - `all_gather(header)`: every rank contributes one fixed-size int64 vector and receives all of them
-  (the counts and the call's settings, so every rank can check every other rank before payload moves);
+  (the counts and the call's settings, so every rank can check every other rank before payload
+  moves) — run as an all-to-all of the repeated header, the fastest small collective on Gloo;
 - `all_to_all(out, inp, out_splits, in_splits)`: rows of a 2-D tensor go to each rank in rank
   order, uneven sizes allowed (`all_to_all_single`); rows are raw bytes (uint8), so fp8 and bool
   travel where a backend lacks those dtypes (Gloo has no fp8).
@@ -132,20 +133,17 @@ class TorchDistributedTransport:
             "this process group and create a new one — it cannot be reused.") from exc
 
     def start_all_gather(self, header: torch.Tensor, op: str) -> _Work:
-        from torch._C._distributed_c10d import AllgatherOptions
-
-        self._fail_fast(op)
-        opts = AllgatherOptions()
-        opts.timeout = self.timeout
-        out = torch.empty(self.num_ranks * header.numel(), dtype=header.dtype, device=header.device)
-        try:
-            work = self.group._allgather_base(out, header.contiguous(), opts)  # type: ignore[attr-defined]
-        except Exception as exc:
-            self._raise(op, "header all-gather", exc)
-        return _Work(self, work, out.view(self.num_ranks, header.numel()), op, "header all-gather")
+        # as an all-to-all of the header repeated for every rank: on Gloo that is several times
+        # faster than its allgather (measured 0.26 ms against 2 ms at 4 ranks); NCCL/HCCL do both
+        size = header.numel()
+        out = torch.empty(self.num_ranks * size, dtype=header.dtype, device=header.device)
+        pending = self.start_all_to_all(out, header.contiguous().repeat(self.num_ranks), [size] * self.num_ranks,
+                                        [size] * self.num_ranks, op, "header exchange")
+        pending.result = out.view(self.num_ranks, size)
+        return pending
 
     def start_all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Sequence[int],
-                         in_splits: Sequence[int], op: str) -> _Work:
+                         in_splits: Sequence[int], op: str, what: str = "all-to-all") -> _Work:
         from torch._C._distributed_c10d import AllToAllOptions
 
         self._fail_fast(op)
@@ -154,8 +152,8 @@ class TorchDistributedTransport:
         try:
             work = self.group.alltoall_base(out, inp, list(out_splits), list(in_splits), opts)  # type: ignore
         except Exception as exc:
-            self._raise(op, "all-to-all", exc)
-        return _Work(self, work, None, op, "all-to-all")
+            self._raise(op, what, exc)
+        return _Work(self, work, None, op, what)
 
     def all_gather(self, header: torch.Tensor, op: str) -> torch.Tensor:
         result = self.start_all_gather(header, op).wait()
