@@ -107,6 +107,36 @@ def bench_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> di
     return {"times": times, "payload_bytes": float(moved.item())}
 
 
+def local_costs(cfg: dict[str, Any]) -> None:
+    """The Buffer's own CPU work per call, without peers: one rank of a one-rank Gloo group (its
+    'collectives' are local copies), against torch's copy of the same token rows."""
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=60))
+    torch.set_num_threads(1)
+    x = randn(cfg["tokens"], cfg["hidden"], seed=1000, dtype=torch.bfloat16)
+    idx = random_routing(cfg["tokens"], cfg["topk"], cfg["experts"], seed=2000)
+    buffer = Buffer(group, int(4e9), timeout=60)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, cfg["experts"])
+    layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+    recv = buffer.dispatch(x, topk_idx=idx, **layout)
+    target = torch.empty_like(x)
+
+    def median_ms(fn) -> str:
+        for _ in range(cfg["warmup"]):
+            fn()
+        times = []
+        for _ in range(cfg["rounds"]):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        times.sort()
+        return f"{statistics.median(times):.2f} [{times[0]:.2f}, {times[-1]:.2f}]"
+
+    print(f"local costs, one rank, tokens={cfg['tokens']} hidden={cfg['hidden']} (ms, median [min, max]):")
+    print(f"  dispatch {median_ms(lambda: buffer.dispatch(x, topk_idx=idx, **layout))}")
+    print(f"  combine  {median_ms(lambda: buffer.combine(recv[0], recv[4]))}")
+    print(f"  copy of the token rows (x -> fresh-free buffer) {median_ms(lambda: target.copy_(x))}")
+
+
 def _summary(payload: float, seconds: list[float]) -> str:
     rates = sorted(payload / t / 1e9 for t in seconds)
     return f"{statistics.median(rates):.3f} [{rates[0]:.3f}, {rates[-1]:.3f}]"
@@ -123,8 +153,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--fp8", action="store_true", help="dispatch FP8 (data + per-128 scales), combine bf16")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    parser.add_argument("--local", action="store_true", help="only the Buffer's own CPU work, one rank, no peers")
     args = parser.parse_args()
     cfg = vars(args)
+    if args.local:
+        local_costs(cfg)
+        return
     print(f"ep_bench {datetime.date.today()} backend={args.backend} tokens/rank={args.tokens} hidden={args.hidden} "
           f"topk={args.topk} experts={args.experts} fp8={args.fp8} rounds={args.rounds} torch={torch.__version__}")
     print(f"{'ranks':>5} {'payload MB':>10} {'buffer GB/s median [min, max]':>30} {'raw GB/s':>22} {'ratio':>22}"
