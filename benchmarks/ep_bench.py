@@ -109,7 +109,8 @@ def bench_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> di
 
 def local_costs(cfg: dict[str, Any]) -> None:
     """The Buffer's own CPU work per call, without peers: one rank of a one-rank Gloo group (its
-    'collectives' are local copies), against torch's copy of the same token rows."""
+    'collectives' are local copies into fresh outputs), against torch copying the same token rows
+    into a fresh tensor (page faults included, as for any fresh CPU tensor) and into a reused one."""
     group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
     x = randn(cfg["tokens"], cfg["hidden"], seed=1000, dtype=torch.bfloat16)
@@ -134,7 +135,8 @@ def local_costs(cfg: dict[str, Any]) -> None:
     print(f"local costs, one rank, tokens={cfg['tokens']} hidden={cfg['hidden']} (ms, median [min, max]):")
     print(f"  dispatch {median_ms(lambda: buffer.dispatch(x, topk_idx=idx, **layout))}")
     print(f"  combine  {median_ms(lambda: buffer.combine(recv[0], recv[4]))}")
-    print(f"  copy of the token rows (x -> fresh-free buffer) {median_ms(lambda: target.copy_(x))}")
+    print(f"  x.clone() (copy into a fresh tensor) {median_ms(lambda: x.clone())}")
+    print(f"  copy of x into a reused tensor {median_ms(lambda: target.copy_(x))}")
 
 
 def _summary(payload: float, seconds: list[float]) -> str:

@@ -131,6 +131,31 @@ def stage_dispatch(plan: DispatchPlan, workspace: Workspace) -> StagedDispatch:
     return StagedDispatch(rows, meta, [(p.dtype, tuple(p.shape[1:])) for p in parts])
 
 
+def _skips_self(me: int, num_ranks: int, own_rows: int) -> bool:
+    """Whether this rank's rows to itself stay out of the collective: when its block is the first or
+    last of both the send and the receive order (ranks 0 and R-1), so the others' blocks stay
+    contiguous. A backend's copy to self is slower than a plain copy (Gloo: 1.1 ms against 0.3 ms
+    for 4 MB)."""
+    return num_ranks > 1 and own_rows > 0 and me in (0, num_ranks - 1)
+
+
+def _start_rows(transport: Transport, op: str, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
+                in_splits: list[int]) -> Any:
+    """all_to_all of row blocks; ranks 0 and R-1 copy their own block themselves, in place."""
+    me = transport.rank
+    own = in_splits[me]
+    if not _skips_self(me, len(in_splits), own):
+        return transport.start_all_to_all(out, inp, out_splits, in_splits, op)
+    others_in = inp[own:] if me == 0 else inp[:inp.shape[0] - own]
+    others_out = out[own:] if me == 0 else out[:out.shape[0] - own]
+    splits_out, splits_in = list(out_splits), list(in_splits)
+    splits_out[me] = splits_in[me] = 0
+    pending = transport.start_all_to_all(others_out, others_in, splits_out, splits_in, op)
+    # the own block is copied while the collective runs (disjoint rows of out)
+    (out[:own] if me == 0 else out[out.shape[0] - own:]).copy_(inp[:own] if me == 0 else inp[inp.shape[0] - own:])
+    return pending
+
+
 def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, staged: StagedDispatch, agreement: Agreement,
                  workspace: Workspace) -> tuple[Any, ...]:
     """Move the rows; returns DeepEP's (recv_x, recv_topk_idx, recv_topk_weights, counts, handle)."""
@@ -141,8 +166,9 @@ def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, staged: Stag
     rows = max(received, plan.num_worst_tokens)
 
     recv_x = torch.empty((rows, plan.x.shape[1]), dtype=plan.x.dtype, device=device)
+    recv_bytes = as_bytes(recv_x[:received])
     # both collectives in flight at once: the metadata rides beside the rows
-    moving = [transport.start_all_to_all(as_bytes(recv_x[:received]), staged.rows, recv_splits, plan.send_rows, op)]
+    moving = [_start_rows(transport, op, recv_bytes, staged.rows, recv_splits, plan.send_rows)]
     unpacked: list[torch.Tensor] = []
     if staged.meta is not None:
         meta = workspace.take("dispatch-meta", (received, staged.meta.shape[1]), torch.uint8, device)
@@ -247,8 +273,23 @@ def run_combine(transport: Transport, op: str, plan: CombinePlan, agreement: Agr
     device, me, hidden = plan.x.device, transport.rank, plan.x.shape[1]
     recv_splits = agreement.recv_rows()
     returned = sum(recv_splits)
-    rows = workspace.take("combine-recv", (returned, hidden), plan.x.dtype, device)
-    moving = [transport.start_all_to_all(as_bytes(rows), as_bytes(plan.x), recv_splits, plan.send_rows, op)]
+    own_x = sum(plan.send_rows[:me])        # this rank's own rows: a block of x ...
+    own = sum(recv_splits[:me])             # ... and the same block of the returned rows
+    own_end = own + recv_splits[me]
+    # the own block never enters the collective: it is added straight from x below
+    others = returned - recv_splits[me]
+    rows = workspace.take("combine-recv", (others, hidden), plan.x.dtype, device)
+    x_bytes = as_bytes(plan.x)
+    if own_x == 0 or own_x + recv_splits[me] == plan.x.shape[0]:  # the own block is at an end of x
+        send = x_bytes[recv_splits[me]:] if own_x == 0 else x_bytes[:own_x]
+    else:
+        send = workspace.take("combine-send", (plan.x.shape[0] - recv_splits[me], x_bytes.shape[1]), torch.uint8,
+                              device)
+        send[:own_x] = x_bytes[:own_x]
+        send[own_x:] = x_bytes[own_x + recv_splits[me]:]
+    out_splits, in_splits = list(recv_splits), list(plan.send_rows)
+    out_splits[me] = in_splits[me] = 0
+    moving = [transport.start_all_to_all(as_bytes(rows), send, out_splits, in_splits, op)]
     back = None
     if plan.topk_weights is not None:
         back = workspace.take("combine-weights", (returned, plan.topk_weights.shape[1]), torch.float32, device)
@@ -258,14 +299,11 @@ def run_combine(transport: Transport, op: str, plan: CombinePlan, agreement: Agr
     out = workspace.take("combine-sum", (num_tokens, hidden), torch.float32, device).zero_()
     chunk = workspace.take("combine-chunk", (max(min(COMBINE_CHUNK_ROWS, returned), 1), hidden), torch.float32,
                            device)
-    own_x = sum(plan.send_rows[:me])        # this rank's own rows: a block of x ...
-    own = sum(recv_splits[:me])             # ... and the same block of the returned rows
-    own_end = own + recv_splits[me]
     _accumulate(out, plan.x[own_x:own_x + recv_splits[me]], plan.sent_tokens[own:own_end], chunk)
     for pending in moving:
         pending.wait()
     _accumulate(out, rows[:own], plan.sent_tokens[:own], chunk)
-    _accumulate(out, rows[own_end:], plan.sent_tokens[own_end:], chunk)
+    _accumulate(out, rows[own:], plan.sent_tokens[own_end:], chunk)
     for bias in plan.biases:
         out += bias.float()
     weights = None
