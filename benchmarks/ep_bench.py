@@ -107,6 +107,48 @@ def bench_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> di
     return {"times": times, "payload_bytes": float(moved.item())}
 
 
+def primitives_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> dict[str, str]:
+    """The collective choices behind the transport, timed on this group: a small header by
+    allgather vs by all-to-all, and an even all-to-all of 2*hidden-byte rows with and without the
+    rank's own block in the collective, against a memcpy of that block."""
+    from torch._C._distributed_c10d import AllgatherOptions, AllToAllOptions
+
+    torch.set_num_threads(1)
+    header = torch.arange(46, dtype=torch.int64)
+    gathered = torch.empty(num_ranks * 46, dtype=torch.int64)
+    repeated = header.repeat(num_ranks)
+    rows = cfg["tokens"] * num_ranks
+    width = cfg["hidden"] * 2
+    send = torch.randint(0, 255, (rows, width), dtype=torch.uint8)
+    recv = torch.empty_like(send)
+    block = cfg["tokens"]
+    even = [block] * num_ranks
+    no_self = list(even)
+    no_self[rank] = 0
+
+    def median_ms(fn) -> str:
+        times = []
+        for _ in range(cfg["rounds"]):
+            dist.barrier(group)
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        times.sort()
+        return f"{statistics.median(times):.3f} [{times[0]:.3f}, {times[-1]:.3f}]"
+
+    return {
+        "header by allgather": median_ms(lambda: group._allgather_base(gathered, header, AllgatherOptions()).wait()),
+        "header by all-to-all": median_ms(lambda: group.alltoall_base(gathered, repeated, [46] * num_ranks,
+                                                                      [46] * num_ranks, AllToAllOptions()).wait()),
+        "rows, own block in the collective": median_ms(lambda: dist.all_to_all_single(recv, send, even, even,
+                                                                                      group=group)),
+        "rows, own block left out": median_ms(lambda: dist.all_to_all_single(
+            recv[:rows - block], send[:rows - block], no_self, no_self, group=group) if rank == num_ranks - 1
+            else dist.all_to_all_single(recv[block:], send[block:], no_self, no_self, group=group)),
+        "memcpy of the own block": median_ms(lambda: recv[:block].copy_(send[:block])),
+    }
+
+
 def local_costs(cfg: dict[str, Any]) -> None:
     """The Buffer's own CPU work per call, without peers: one rank of a one-rank Gloo group (its
     'collectives' are local copies into fresh outputs), against torch copying the same token rows
@@ -156,10 +198,22 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="dispatch FP8 (data + per-128 scales), combine bf16")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--local", action="store_true", help="only the Buffer's own CPU work, one rank, no peers")
+    parser.add_argument("--primitives", action="store_true",
+                        help="time the collective choices of the transport (ms per call, rank 0's view)")
     args = parser.parse_args()
     cfg = vars(args)
     if args.local:
         local_costs(cfg)
+        return
+    if args.primitives:
+        for num_ranks in args.ranks:
+            outcomes = run_ranks(num_ranks, primitives_rank, (cfg,), backend=args.backend, timeout_s=600)
+            if not all(o.ok for o in outcomes):
+                raise SystemExit("\n".join(o.describe() for o in outcomes))
+            print(f"{num_ranks} ranks, rows of {args.hidden * 2} bytes, {args.tokens} per peer "
+                  "(ms, median [min, max]):")
+            for name, value in outcomes[0].value.items():
+                print(f"  {name:<34} {value}")
         return
     print(f"ep_bench {datetime.date.today()} backend={args.backend} tokens/rank={args.tokens} hidden={args.hidden} "
           f"topk={args.topk} experts={args.experts} fp8={args.fp8} rounds={args.rounds} torch={torch.__version__}")

@@ -407,7 +407,8 @@ class _DeadGroup:
 
 def test_a_failed_collective_becomes_ep_timeout_error_and_the_transport_stays_broken():
     transport = TorchDistributedTransport(_DeadGroup(), timeout=1.5)
-    with pytest.raises(EPTimeoutError, match="Buffer.combine: the header exchange.*'dead-group' \\(gloo, 2 ranks\\).*1.5 s"):
+    expected = "Buffer.combine: the header exchange.*'dead-group' \\(gloo, 2 ranks\\).*1.5 s"
+    with pytest.raises(EPTimeoutError, match=expected):
         transport.all_gather(torch.zeros(3, dtype=torch.int64), "Buffer.combine")
     with pytest.raises(EPTimeoutError, match="unusable"):
         transport.all_to_all(torch.zeros(1), torch.zeros(1), [1, 0], [1, 0], "Buffer.dispatch")

@@ -134,7 +134,7 @@ class TorchDistributedTransport:
 
     def start_all_gather(self, header: torch.Tensor, op: str) -> _Work:
         # as an all-to-all of the header repeated for every rank: on Gloo that is several times
-        # faster than its allgather (measured 0.26 ms against 2 ms at 4 ranks); NCCL/HCCL do both
+        # faster than its allgather (benchmarks/ep_bench.py --primitives); NCCL/HCCL do both
         size = header.numel()
         out = torch.empty(self.num_ranks * size, dtype=header.dtype, device=header.device)
         pending = self.start_all_to_all(out, header.contiguous().repeat(self.num_ranks), [size] * self.num_ranks,
