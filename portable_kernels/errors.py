@@ -41,6 +41,12 @@ class BackendUnavailableError(PortableKernelsError, RuntimeError):
     """A backend was asked for but cannot run here (missing package, no device, broken plugin)."""
 
 
+class EPTimeoutError(PortableKernelsError, TimeoutError, RuntimeError):
+    """An expert-parallel collective did not complete: a peer rank died, left, or never arrived
+    within the Buffer's timeout. The message names the process group and the op; the group is
+    unusable afterwards (destroy it and create a new one)."""
+
+
 def format_problem(op: str, arg: str, given: object, expected: object, fix: str) -> str:
     """One message shape for every contract and layout error."""
     return f"{op}: argument '{arg}' is {given}; expected {expected}. Fix: {fix}"

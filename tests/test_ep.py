@@ -147,6 +147,21 @@ def test_combine_is_unweighted_and_zero_for_tokens_sent_nowhere():
     assert x0.dtype == torch.bfloat16
 
 
+def test_combine_follows_the_handle_when_rows_move_with_their_source_indices():
+    xs, idx, w = _inputs([6, 5], 3, 4, 128, seed=22)
+    sent = pk.simulate_dispatch(xs, idx, w, 4)
+    back = [(r.recv_x.float() * (d + 1)).bfloat16() for d, r in enumerate(sent)]
+    want = pk.simulate_combine(back, [r.handle for r in sent])
+    # the rows of one source rank's block may be reordered freely when their indices move along
+    block = int(sent[0].handle.rank_prefix_matrix[0, 0])
+    order = torch.randperm(back[0].shape[0], generator=torch.Generator().manual_seed(3))
+    order = torch.cat((order[order < block], order[order >= block]))
+    assert not torch.equal(order, torch.arange(order.numel()))
+    moved = attrs.evolve(sent[0].handle, recv_src_idx=sent[0].handle.recv_src_idx[order])
+    got = pk.simulate_combine([back[0][order], back[1]], [moved, sent[1].handle])
+    assert all(torch.equal(a.combined_x, b.combined_x) for a, b in zip(got, want))
+
+
 def test_combine_factor_counts_each_destination_rank_once():
     idx = torch.tensor([[0, 1, 2], [3, -1, -1], [-1, -1, -1]])
     assert combine_factor(idx, 4, 2).tolist() == [1.0 + 2.0, 2.0, 0.0]
@@ -228,6 +243,28 @@ def test_low_latency_combine_is_the_weighted_sum_and_skips_unused_slots(sizes, k
     combined = pk.simulate_low_latency_combine(outs, idx, w, [r.handle for r in results])
     worst = check_low_latency_combine(xs, idx, w, use_fp8, False, combined)
     assert worst <= pk.get_contract("simulate_low_latency_combine").tolerance.dequantized
+
+
+def _permute_within_source_ranges(res: pk.LowLatencyDispatchResult, seed: int) -> pk.LowLatencyDispatchResult:
+    """Rows and recv_src_info reordered together inside each (expert, source rank) range: still legal."""
+    h = res.handle
+    src_rank = h.recv_src_rank.long()
+    noise = torch.rand(src_rank.shape, generator=torch.Generator().manual_seed(seed))
+    key = torch.where(src_rank >= 0, src_rank.double() + noise.double(), float(h.num_ranks + 1))
+    order = key.argsort(dim=1)
+    x = torch.take_along_dim(res.recv_x, order[..., None], dim=1)
+    info = torch.take_along_dim(h.recv_src_info, order, dim=1)
+    return pk.LowLatencyDispatchResult(x, res.recv_count, attrs.evolve(h, recv_src_info=info))
+
+
+def test_low_latency_combine_follows_the_handle_inside_each_source_range():
+    xs, idx, w = _inputs([7, 6, 8], 3, 6, 128, seed=53)
+    results = pk.simulate_low_latency_dispatch(xs, idx, 8, 6, use_fp8=False)
+    moved = [_permute_within_source_ranges(r, seed=d) for d, r in enumerate(results)]
+    assert any(not torch.equal(a.handle.recv_src_info, b.handle.recv_src_info) for a, b in zip(results, moved))
+    a = pk.simulate_low_latency_combine(low_latency_expert_outputs(results), idx, w, [r.handle for r in results])
+    b = pk.simulate_low_latency_combine(low_latency_expert_outputs(moved), idx, w, [r.handle for r in moved])
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
 
 
 def test_low_latency_combine_against_unquantized_tokens():
@@ -373,7 +410,19 @@ def _other_dispatch_handles():
     return [_handles()[0], other[1].handle]
 
 
+def _with_src_idx(first: int):
+    """Rank 0's handle with its first recv_src_idx replaced."""
+    handles = _handles()
+    idx = handles[0].recv_src_idx.clone()
+    idx[0] = first
+    return [attrs.evolve(handles[0], recv_src_idx=idx), handles[1]]
+
+
 COMBINE_CASES = {
+    "source index -1": (lambda: dict(xs=_recv(), handles=_with_src_idx(-1)), r"'handles\[0\]'"),
+    "source index past the tokens": (lambda: dict(xs=_recv(), handles=_with_src_idx(3)), r"'handles\[0\]'"),
+    "source index repeated": (lambda: dict(xs=_recv(), handles=_with_src_idx(int(_handles()[0].recv_src_idx[1]))),
+                              r"'handles\[0\]'"),
     "xs a tensor": (lambda: dict(xs=_recv()[0], handles=_handles()), "'xs'"),
     "rows missing": (lambda: dict(xs=_with(_recv(), 0, _recv()[0][:-1]), handles=_handles()), r"'xs\[0\]'"),
     "dtype differs": (lambda: dict(xs=_with(_recv(), 1, _recv()[1].float()), handles=_handles()), r"'xs\[1\]'"),
@@ -393,7 +442,19 @@ def test_simulate_combine_bad_input(name):
         pk.simulate_combine(**build())
 
 
+def _poisoned(value: float, rank: int):
+    xs = [x.clone() for x in X2]
+    xs[rank][-1, 5] = value
+    return xs
+
+
 LL_DISPATCH_CASES = {
+    "NaN with round_scale": (lambda: dict(xs=_poisoned(float("nan"), 1), topk_idx=IDX2,
+                                          num_max_dispatch_tokens_per_rank=4, num_experts=4, round_scale=True),
+                             r"'xs\[1\]'.*NaN"),
+    "Inf with round_scale": (lambda: dict(xs=_poisoned(float("inf"), 0), topk_idx=IDX2,
+                                          num_max_dispatch_tokens_per_rank=4, num_experts=4, round_scale=True),
+                             r"'xs\[0\]'.*round_scale=False"),
     "fp8 pairs": (lambda: dict(xs=Q2, topk_idx=IDX2, num_max_dispatch_tokens_per_rank=4, num_experts=4),
                   r"'xs\[0\]'"),
     "more tokens than the max": (lambda: dict(xs=X2, topk_idx=IDX2, num_max_dispatch_tokens_per_rank=2,
@@ -427,7 +488,42 @@ def _ll(max_tokens=4):
     return [r.recv_x for r in results], [r.handle for r in results]
 
 
+def _ll_handles_edited(edit, rank=0):
+    xs, handles = _ll()
+    handles[rank] = edit(handles[rank])
+    return xs, handles
+
+
+def _swap_across_sources(h):
+    """Swap the first slots of two source ranks' ranges (rows stay put): the handle now names
+    (token, expert) pairs the routing never sent there."""
+    info = h.recv_src_info.clone()
+    begin, count = h.range_begin, h.range_count
+    e = int(((count > 0).sum(dim=1) == 2).nonzero()[0])
+    a, b = int(begin[e, 0]), int(begin[e, 1])
+    info[e, a], info[e, b] = h.recv_src_info[e, b], h.recv_src_info[e, a]
+    return attrs.evolve(h, recv_src_info=info)
+
+
+def _src_info_past_max(h):
+    info = h.recv_src_info.clone()
+    info[0, 0] = h.num_max_dispatch_tokens_per_rank
+    return attrs.evolve(h, recv_src_info=info)
+
+
+def _overlapping_ranges(h):
+    return attrs.evolve(h, recv_layout_range=h.recv_layout_range & 0xFFFFFFFF)  # every range begins at slot 0
+
+
 LL_COMBINE_CASES = {
+    "source ranks swapped in a handle": (lambda: dict(xs=_ll()[0], topk_idx=IDX2, topk_weights=W2,
+                                                      handles=_ll_handles_edited(_swap_across_sources, rank=1)[1]),
+                                         r"'handles(\[1\])?'"),
+    "source token past the max": (lambda: dict(xs=_ll()[0], topk_idx=IDX2, topk_weights=W2,
+                                               handles=_ll_handles_edited(_src_info_past_max)[1]), r"'handles\[0\]'"),
+    "overlapping ranges": (lambda: dict(xs=_ll()[0], topk_idx=IDX2, topk_weights=W2,
+                                        handles=_ll_handles_edited(_overlapping_ranges, rank=1)[1]),
+                           r"'handles\[1\]'.*overlapping"),
     "deep_ep handle tuples": (lambda: dict(xs=_ll()[0], topk_idx=IDX2, topk_weights=W2,
                                            handles=[tuple(h) for h in _ll()[1]]), r"'handles\[0\]'"),
     "xs wrong shape": (lambda: dict(xs=[x[:, :4] for x in _ll()[0]], topk_idx=IDX2, topk_weights=W2,

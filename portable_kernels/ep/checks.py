@@ -164,3 +164,13 @@ def _check_dispatch_handles(op: str, handles: Any, num_ranks: int, device: torch
                                                "handles of one dispatch",
                                                "pass the handles of one simulate_dispatch call"))
     return tuple(handles)
+
+
+def check_finite_for_round_scale(op: str, arg: str, x: torch.Tensor) -> None:
+    """Power-of-two scales need a finite amax per 128-channel block."""
+    if checks_values(x) and x.numel() and not bool(torch.isfinite(x).all()):
+        row = int((~torch.isfinite(x)).any(dim=1).nonzero()[0])
+        raise ContractError(format_problem(op, arg, f"holding NaN or Inf (first in token {row})",
+                                           "finite tokens with round_scale=True (a NaN/Inf block has no "
+                                           "power-of-two scale)",
+                                           "clean the tokens (torch.nan_to_num / clamp) or pass round_scale=False"))

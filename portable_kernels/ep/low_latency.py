@@ -15,8 +15,9 @@ from ..providers import Inputs
 from ..quantization import quantize_blocks_reference
 from ..tensors import FP8_DTYPE, describe
 from .checks import (_check_bool, _check_num_experts, _check_per_rank, _check_positive_int, _check_tensor,
-                     _check_topk_per_rank, _check_x)
+                     _check_topk_per_rank, _check_x, check_finite_for_round_scale)
 from .constants import COMBINE_BOUND, FP8_DISPATCH_BOUND, LAYOUT_RANGE_SHIFT, NO_EXPERT, SCALE_BLOCK, X_DTYPES
+from .handle_checks import check_low_latency_handles
 from .ranks import _rank_offsets
 from .results import LowLatencyDispatchResult, LowLatencyHandle, Rows
 
@@ -164,6 +165,9 @@ def simulate_low_latency_dispatch(xs: Sequence[torch.Tensor], topk_idx: Sequence
         raise ContractError(format_problem(op, "xs[0]", f"of hidden {data[0].shape[1]}",
                                            f"hidden divisible by {SCALE_BLOCK} with use_fp8",
                                            "pad hidden to a multiple of 128 or pass use_fp8=False"))
+    if use_fp8 and round_scale:
+        for r, x in enumerate(data):
+            check_finite_for_round_scale(op, f"xs[{r}]", x)
     idx, _ = _check_topk_per_rank(op, topk_idx, None, [x.shape[0] for x in data], data[0].device, experts)
     out = run(SIMULATE_LOW_LATENCY_DISPATCH, SimulateLowLatencyDispatchInputs(tuple(data), tuple(idx), max_tokens,
                                                                              experts, use_fp8, round_scale))
@@ -238,6 +242,7 @@ def simulate_low_latency_combine(xs: Sequence[torch.Tensor], topk_idx: Sequence[
         raise ContractError(format_problem(op, "topk_idx", f"routing {int(routed[expert])} tokens to expert {expert}",
                                            f"the {int(received[expert])} the handles received",
                                            "pass the topk_idx given to simulate_low_latency_dispatch"))
+    check_low_latency_handles(op, handles, idx)
     return list(run(SIMULATE_LOW_LATENCY_COMBINE, SimulateLowLatencyCombineInputs(
         tuple(xs), tuple(idx), tuple(weights), tuple(h.recv_src_info for h in handles),
         tuple(h.recv_layout_range for h in handles))))

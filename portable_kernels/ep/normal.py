@@ -17,6 +17,7 @@ from .checks import (_check_dispatch_handles, _check_num_experts, _check_per_ran
                      _check_topk_per_rank, _check_x)
 from .constants import COMBINE_BOUND, NO_EXPERT, WEIGHT_DTYPE, X_DTYPES
 from .dispatch_layout import get_dispatch_layout
+from .handle_checks import check_combine_handles
 from .ranks import _rank_offsets
 from .results import CombineResult, DispatchHandle, DispatchResult, Rows
 
@@ -206,6 +207,7 @@ def simulate_combine(xs: Sequence[torch.Tensor], handles: Sequence[DispatchHandl
         weights = tuple(_check_tensor(op, f"topk_weights[{r}]", w, (WEIGHT_DTYPE,), (xs[r].shape[0], num_topk), device,
                                       "pass fp32 weights [num_recv_tokens, k] (the received recv_topk_weights)")
                         for r, w in enumerate(topk_weights))
+    check_combine_handles(op, given)
     src_rank = tuple(h.recv_src_rank for h in given)
     src_idx = tuple(h.recv_src_idx for h in given)
     num_tokens = tuple(h.num_tokens for h in given)

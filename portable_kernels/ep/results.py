@@ -22,12 +22,25 @@ class DispatchHandle:
                         handle[0]): rank j's rows from source i are rows [m[i-1][j], m[i][j])
     recv_src_idx:       int32 [num_recv_tokens]; the source token index of each received row
     is_token_in_rank:   bool [num_tokens, R]; where this rank's own tokens went
+    num_worst_tokens:   0, or the padded row count of a `num_worst_tokens` dispatch (its combine
+                        takes that many rows and reads the first len(recv_src_idx))
+
+    Indexes like DeepEP's intranode handle tuple: [0] rank_prefix_matrix, [3] recv_src_idx,
+    [4] is_token_in_rank; the channel matrices [1], [2] and send_head [5] are None (an all-to-all
+    transport has no channels).
     """
 
     rank: int
     rank_prefix_matrix: torch.Tensor
     recv_src_idx: torch.Tensor
     is_token_in_rank: torch.Tensor
+    num_worst_tokens: int = 0
+
+    def __getitem__(self, index: int) -> torch.Tensor | None:
+        return (self.rank_prefix_matrix, None, None, self.recv_src_idx, self.is_token_in_rank, None)[index]
+
+    def __len__(self) -> int:
+        return 6
 
     @property
     def num_ranks(self) -> int:
@@ -104,6 +117,12 @@ class LowLatencyHandle:
     def __iter__(self) -> Iterator[Any]:
         yield from (self.recv_src_info, self.recv_layout_range, self.num_max_dispatch_tokens_per_rank,
                     self.hidden, self.num_experts)
+
+    def __getitem__(self, index: int) -> Any:
+        return tuple(self)[index]
+
+    def __len__(self) -> int:
+        return 5
 
     @property
     def num_ranks(self) -> int:

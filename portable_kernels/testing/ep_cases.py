@@ -229,12 +229,12 @@ def check_low_latency_dispatch(xs: Sequence[torch.Tensor], topk_idx: Sequence[to
     return worst
 
 
-def low_latency_expert_outputs(results: Sequence[LowLatencyDispatchResult], poison_unused: bool = True
-                               ) -> list[torch.Tensor]:
+def low_latency_expert_outputs(results: Sequence[LowLatencyDispatchResult], poison_unused: bool = True,
+                               first_rank: int = 0) -> list[torch.Tensor]:
     """Per rank bf16 [L, M*R, H]: each valid slot's (dequantized) row times (global expert id + 1),
-    unused slots NaN, so a combine that reads them shows."""
+    unused slots NaN, so a combine that reads them shows. results[i] is rank first_rank + i."""
     outs = []
-    for d, res in enumerate(results):
+    for d, res in enumerate(results, start=first_rank):
         if isinstance(res.recv_x, tuple):
             data, scale = res.recv_x
             rows = dequantize_reference(QuantTensor(data, scale, (1, FP8_BLOCK_K)))
