@@ -11,7 +11,8 @@ from .conversions import (ImplicitConversionWarning, count_implicit_conversions,
 from .ep import (CombineResult, DispatchHandle, DispatchResult, LowLatencyDispatchResult, LowLatencyHandle,
                  get_dispatch_layout, simulate_combine, simulate_dispatch, simulate_low_latency_combine,
                  simulate_low_latency_dispatch)
-from .errors import BackendUnavailableError, ContractError, LayoutError, NoKernelError, PortableKernelsError
+from .errors import (BackendUnavailableError, ContractError, EPTimeoutError, LayoutError, NoKernelError,
+                     PortableKernelsError)
 from .formats import PLAIN, Format
 from .fp4 import fp8_fp4_gemm_nt, per_token_cast_to_fp4, swiglu_forward_and_per_token_cast
 from .gemm import bf16_gemm_nt, fp8_gemm_nt
@@ -41,7 +42,7 @@ __all__ = [
     "get_m_alignment_for_contiguous_layout", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
     "MlaMetadata", "flash_mla_with_kvcache", "get_mla_metadata",
-    "Backend", "BackendUnavailableError", "Format", "Inputs", "Limit", "PLAIN", "ContractError", "ImplicitConversionWarning", "LayoutError",
+    "Backend", "BackendUnavailableError", "EPTimeoutError", "Format", "Inputs", "Limit", "PLAIN", "ContractError", "ImplicitConversionWarning", "LayoutError",
     "LayoutTag", "NoKernelError", "OpContract", "PortableKernelsError", "PreparedTensor", "Provider",
     "QuantArg", "QuantTensor", "Registry", "Tolerance", "available_backends", "bf16_gemm_nt", "calc_diff",
     "contracts", "count_implicit_conversions", "dequantize", "fp8_gemm_nt", "get_contract", "implicit_conversions", "per_block_cast_to_fp8",
