@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import cache, trust
+from . import cache, locks, maintenance, trust
 from .env import Environment, Settings
 from .errors import CompileError, InvalidArgumentError, ToolchainNotFoundError
 from .formats import artifact_problem
@@ -327,6 +327,17 @@ class JitContext:
     def _serve(
         self, request: Request, chain: Toolchain, settings: Settings, fast_key: tuple[Any, ...], *, load: bool
     ) -> tuple[Artifact, Any]:
+        try:
+            return self._serve_keyed(request, chain, settings, fast_key, load=load)
+        except OSError as exc:  # a cache file-system refusal not met where it happened: still say where and what to do
+            where = exc.filename
+            if where is not None and not any(os.fspath(where).startswith(str(root)) for root in settings.cache_roots):
+                raise
+            raise trust.io_error(exc, where or settings.cache_roots[0], "use the cache at") from exc
+
+    def _serve_keyed(
+        self, request: Request, chain: Toolchain, settings: Settings, fast_key: tuple[Any, ...], *, load: bool
+    ) -> tuple[Artifact, Any]:
         keyed = self._key(request, chain, settings)
         digest = keyed.digest
         with self._key_lock(digest):
@@ -374,7 +385,7 @@ class JitContext:
                     self._say(settings, f"disk hit {hit.entry.path}")
                     return _artifact_from(hit, keyed, "disk"), hit.file
             root = self._open_write_root(keyed)
-            with root, cache.key_lock(root, request.name, keyed.digest, settings.shared, self._waiting(settings)):
+            with root, locks.key_lock(root, request.name, keyed.digest, settings.shared, self._waiting(settings)):
                 saw_bad = False
                 if not force:  # another process may have built it while we waited for the lock
                     hit, saw_bad = cache.lookup(settings.cache_roots, request.name, keyed.digest,
@@ -446,7 +457,7 @@ class JitContext:
         pol = trust.policy(settings.shared)
         started = time.perf_counter()
         if publish:
-            cache.sweep_stale(root, settings.tmp_max_age_s, shared=settings.shared)
+            maintenance.sweep_stale(root, settings.tmp_max_age_s, shared=settings.shared)
         build = cache.new_build_dir(root, request.name, keyed.digest, settings.shared)
         self._say(settings, f"building {request.name}.{keyed.digest[:16]} in {build.path}")
         image = None

@@ -10,16 +10,13 @@ it loads the very bytes it hashed.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import logging
 import os
 import re
 import stat
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +26,9 @@ from .trust import Corrupt, Folder, Policy, VerifiedFile
 
 __all__ = [
     "MARKER", "MANIFEST", "TMP_DIR", "FAILED_DIR", "COMPILERS_DIR", "LOCKS_DIR", "TAG_FILE", "MANIFEST_FORMAT",
-    "Entry", "Hit", "GcReport", "IdentityMemo", "ensure_root", "writable_root", "open_root", "entry_path",
-    "lookup", "read_verified", "manifest_problem", "key_lock", "new_build_dir", "commit", "publish",
-    "discard_build", "sweep_stale", "iter_entries", "entry_problems", "verify", "gc", "clear", "stats",
-    "save_failure", "BuildFolderRemoved",
+    "Entry", "Hit", "IdentityMemo", "ensure_root", "writable_root", "open_root", "entry_path",
+    "lookup", "read_verified", "manifest_problem", "inspect", "new_build_dir", "commit", "publish",
+    "discard_build", "iter_entries", "entry_problems", "verify", "save_failure", "BuildFolderRemoved",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,7 +49,7 @@ SHARED_DIR_MODE = 0o2775
 _MANIFEST_LIMIT = 64 << 20
 _SMALL_FILE_LIMIT = 4096
 _ENTRY_RE = re.compile(r"^([A-Za-z0-9_]+)\.([0-9a-f]{64})$")
-_BUILD_RE = re.compile(r"^([A-Za-z0-9_]+)\.([0-9a-f]{64})\.")  # .tmp/<name>.<digest>.<pid>.<random>
+BUILD_RE = re.compile(r"^([A-Za-z0-9_]+)\.([0-9a-f]{64})\.")  # .tmp/<name>.<digest>.<pid>.<random>
 _ARTIFACT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _PUBLISH_ATTEMPTS = 5
@@ -63,7 +59,7 @@ class BuildFolderRemoved(CacheError):
     """The build folder was deleted while a build ran in it (a clean-up by hand or by an old deepjit)."""
 
 
-def _dir_mode(shared: bool) -> int:
+def dir_mode(shared: bool) -> int:
     return SHARED_DIR_MODE if shared else PRIVATE_DIR_MODE
 
 
@@ -78,12 +74,12 @@ def open_root(root: Path, shared: bool) -> Folder | None:
 def _create_root(root: Path, shared: bool) -> None:
     root.parent.mkdir(parents=True, exist_ok=True)
     try:
-        root.mkdir(mode=_dir_mode(shared))
+        root.mkdir(mode=dir_mode(shared))
     except FileExistsError:
         return
     fd = os.open(root, trust.O_DIR)
     try:
-        os.fchmod(fd, _dir_mode(shared))  # mkdir's mode is filtered by the umask
+        os.fchmod(fd, dir_mode(shared))  # mkdir's mode is filtered by the umask
     finally:
         os.close(fd)
 
@@ -152,12 +148,17 @@ class Entry:
 
     def manifest(self, shared: bool = False) -> dict[str, Any] | None:
         """The manifest if it is sound and can be trusted, else None (for listings; never raises)."""
+        pol = trust.policy(shared)
         try:
-            with _open_entry(self, trust.policy(shared)) as (_, folder):
+            root = trust.open_root(self.root, pol)
+            if root is None:
+                return None
+            with root:
+                folder = trust.open_dir_at(root, self.path.name, pol, "the cache entry")
                 if folder is None:
                     return None
-                manifest, problem = _read_manifest(folder, self, trust.policy(shared))
-                return manifest if problem is None else None
+                with folder:
+                    return _read_manifest(folder, self, pol)[0]
         except (CacheError, Corrupt, OSError):
             return None
 
@@ -197,7 +198,7 @@ class Entry:
 
 @dataclass(frozen=True)
 class Hit:
-    """A sound entry and its artifact, open and hashed: close `file` when done (or use `with hit:`)."""
+    """A sound entry and its artifact, open and hashed: close `file` when done."""
 
     entry: Entry
     file: VerifiedFile
@@ -206,12 +207,6 @@ class Hit:
     @property
     def artifact(self) -> Path:
         return self.file.path
-
-    def __enter__(self) -> Hit:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.file.close()
 
 
 def manifest_problem(manifest: Any, entry: Entry) -> str | None:
@@ -249,27 +244,6 @@ def _read_manifest(folder: Folder, entry: Entry, pol: Policy) -> tuple[dict[str,
         return None, f"manifest is not valid JSON ({exc})"
     problem = manifest_problem(manifest, entry)
     return (None, problem) if problem is not None else (manifest, None)
-
-
-@contextmanager
-def _open_entry(entry: Entry, pol: Policy, root: Folder | None = None) -> Iterator[tuple[Folder | None, Folder | None]]:
-    """(root, entry folder) both checked; the entry folder is None when absent."""
-    owned_root = root is None
-    if root is None:
-        root = trust.open_root(entry.root, pol)
-    if root is None:
-        yield None, None
-        return
-    try:
-        folder = trust.open_dir_at(root, entry.path.name, pol, "the cache entry")
-        try:
-            yield root, folder
-        finally:
-            if folder is not None:
-                folder.close()
-    finally:
-        if owned_root:
-            root.close()
 
 
 def _check_at(
@@ -383,6 +357,32 @@ def read_verified(path: Path, sha256: str, shared: bool = False) -> VerifiedFile
     return file
 
 
+def inspect(root: Folder, entry: Entry, pol: Policy) -> tuple[str | None, dict[str, Any] | None]:
+    """(problem, None) for a corrupt or unsafe entry (never raises for the entry), (None, manifest) for a sound one."""
+    try:
+        hit, problem = _check_at(root, entry, pol)
+    except UnsafeCacheError as exc:
+        return f"unsafe: {exc}", None
+    if hit is None:
+        return problem or "disappeared while being checked", None
+    hit.file.close()
+    return None, hit.manifest
+
+
+def verify(roots: Sequence[Path], shared: bool = False) -> list[tuple[Entry, str | None]]:
+    """Every entry of every root with its problem (None when sound). An unsafe entry is reported,
+    an unsafe root raises UnsafeCacheError."""
+    pol = trust.policy(shared)
+    results = []
+    for root_path in roots:
+        root = trust.open_root(root_path, pol)
+        if root is None:
+            continue
+        with root:
+            results += [(entry, inspect(root, entry, pol)[0]) for entry in iter_entries(root_path)]
+    return results
+
+
 def iter_entries(root: Path) -> Iterator[Entry]:
     """Every name in `root` spelled like an entry, whatever it is (a link or a file is reported as bad)."""
     try:
@@ -395,118 +395,13 @@ def iter_entries(root: Path) -> Iterator[Entry]:
             yield Entry(root, root / child, match.group(1), match.group(2))
 
 
-# --- locks ---------------------------------------------------------------------------------------
-
-
-def _lock_name(name: str, digest: str) -> str:
-    return f"{name}.{digest}.lock"
-
-
-@contextmanager
-def key_lock(root: Folder, name: str, digest: str, shared: bool, on_wait: Callable[[Path], None] | None = None) -> Iterator[None]:
-    """Hold the key's advisory lock (flock on `.locks/<name>.<digest>.lock`) across processes.
-
-    flock locks belong to the open file, so two contexts in one process exclude each other too, and
-    the kernel drops the lock when its holder dies (even by SIGKILL). gc may delete an unheld lock
-    file, so after locking we check the file is still the one at that name, else lock the new one."""
-    pol = trust.policy(shared)
-    with trust.guarded(root.path / LOCKS_DIR, "create the lock folder"):
-        locks = trust.ensure_dir_at(root, LOCKS_DIR, pol, _dir_mode(shared))
-    lock_name = _lock_name(name, digest)
-    path = locks.path / lock_name
-    fd = -1
-    try:
-        while True:
-            with trust.guarded(path, "open the lock file"):
-                try:
-                    fd = os.open(lock_name, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=locks.fd)
-                except OSError as exc:
-                    if exc.errno == errno.ELOOP:
-                        raise trust.symlink_error(path, "the lock file") from None
-                    raise
-            trust.check_fd(fd, pol, locks.group, path, "the lock file")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if on_wait is not None:
-                    on_wait(path)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            held = os.fstat(fd)
-            try:
-                current = os.stat(lock_name, dir_fd=locks.fd, follow_symlinks=False)
-            except FileNotFoundError:
-                current = None
-            if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
-                break
-            os.close(fd)
-            fd = -1
-        yield
-    finally:
-        if fd >= 0:
-            os.close(fd)  # closing the only descriptor releases the flock
-        locks.close()
-
-
-def _lock_is_held(locks_fd: int, lock_name: str) -> bool:
-    try:
-        fd = os.open(lock_name, trust.O_READ, dir_fd=locks_fd)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-def _remove_unheld_lock(locks_fd: int, lock_name: str) -> bool:
-    """Delete a lock file nobody holds (holding it while deleting, so no one locks the doomed file unseen)."""
-    try:
-        fd = os.open(lock_name, trust.O_READ, dir_fd=locks_fd)
-    except OSError:
-        try:
-            os.unlink(lock_name, dir_fd=locks_fd)  # a link or junk under the lock's name
-        except OSError:
-            return False
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    try:
-        os.unlink(lock_name, dir_fd=locks_fd)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return True
-
-
-def _build_is_live(root: Folder, build_name: str) -> bool:
-    """A temp folder belongs to a live builder while its key's lock is held."""
-    match = _BUILD_RE.match(build_name)
-    if match is None:
-        return False
-    try:
-        locks = os.open(LOCKS_DIR, trust.O_DIR, dir_fd=root.fd)
-    except OSError:
-        return False
-    try:
-        return _lock_is_held(locks, _lock_name(match.group(1), match.group(2)))
-    finally:
-        os.close(locks)
-
-
 # --- building and publishing ---------------------------------------------------------------------
 
 
 def new_build_dir(root: Folder, name: str, digest: str, shared: bool = False) -> Folder:
     """A fresh private folder `.tmp/<name>.<digest>.<pid>.<random>`, open (CacheIOError on failure)."""
     pol = trust.policy(shared)
-    mode = _dir_mode(shared)
+    mode = dir_mode(shared)
     with trust.guarded(root.path / TMP_DIR, "create a build folder in"):
         with trust.ensure_dir_at(root, TMP_DIR, pol, mode) as tmp:
             build_name = f"{name}.{digest}.{os.getpid()}.{os.urandom(4).hex()}"
@@ -553,9 +448,9 @@ def discard_build(root: Folder, build: Folder) -> None:
         pass
 
 
-def _move_aside(root: Folder, name: str, pol: Policy) -> None:
+def move_aside(root: Folder, name: str, pol: Policy) -> None:
     """Atomically take an entry (or whatever sits at its name) out of the namespace, then delete it."""
-    trust.ensure_dir_at(root, TMP_DIR, pol, PRIVATE_DIR_MODE).close()
+    trust.ensure_dir_at(root, TMP_DIR, pol, dir_mode(pol.shared)).close()
     trash = f"{TMP_DIR}/trash.{name[:40]}.{os.getpid()}.{os.urandom(4).hex()}"
     os.mkdir(trash, PRIVATE_DIR_MODE, dir_fd=root.fd)
     try:
@@ -599,7 +494,7 @@ def publish(
                 discard_build(root, build)
                 return final, False
         with trust.guarded(final, "move aside"):
-            _move_aside(root, final_name, pol)
+            move_aside(root, final_name, pol)
         replace = False
     discard_build(root, build)
     raise CacheError(f"could not publish {final}: other builders kept replacing it")
@@ -611,7 +506,7 @@ def save_failure(
     """Keep a failed build's source and log under .failed/ (never as an entry); returns the source path."""
     pol = trust.policy(shared)
     with trust.guarded(root.path / FAILED_DIR, "keep the failed build in"):
-        with trust.ensure_dir_at(root, FAILED_DIR, pol, PRIVATE_DIR_MODE) as failed:
+        with trust.ensure_dir_at(root, FAILED_DIR, pol, dir_mode(shared)) as failed:
             staging = f"{name}.{digest[:16]}.{os.getpid()}.{os.urandom(4).hex()}"
             with trust.ensure_dir_at(failed, staging, pol, PRIVATE_DIR_MODE) as folder:
                 trust.write_new_file_at(folder, source_name, source.encode("utf-8"))
@@ -657,7 +552,7 @@ class IdentityMemo:
             if root is None:
                 return
             with root:
-                with trust.ensure_dir_at(root, COMPILERS_DIR, pol, _dir_mode(self.shared)) as folder:
+                with trust.ensure_dir_at(root, COMPILERS_DIR, pol, dir_mode(self.shared)) as folder:
                     partial = f".{key}.{os.getpid()}.{os.urandom(4).hex()}"
                     trust.write_new_file_at(folder, partial, text.encode("utf-8"), 0o644)
                     os.replace(partial, f"{key}.txt", src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
@@ -665,223 +560,3 @@ class IdentityMemo:
             pass  # only a memo: the next process asks the compiler again
 
 
-# --- maintenance -------------------------------------------------------------------------------
-
-
-def _age(dir_fd: int, name: str, now: float) -> float:
-    try:
-        return now - os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
-    except OSError:
-        return 0.0
-
-
-def _sweep(root: Folder, pol: Policy, max_age_s: float | None, dry_run: bool) -> list[Path]:
-    """Remove children of .tmp and .failed (older than `max_age_s` unless None), sparing temp folders
-    of live builders, and lock files nobody holds."""
-    now = time.time()
-    removed = []
-    for folder_name in (TMP_DIR, FAILED_DIR):
-        folder = trust.open_dir_at(root, folder_name, pol)
-        if folder is None:
-            continue
-        with folder:
-            for child in sorted(os.listdir(folder.fd)):
-                if max_age_s is not None and _age(folder.fd, child, now) <= max_age_s:
-                    continue
-                if folder_name == TMP_DIR and _build_is_live(root, child):
-                    continue
-                if not dry_run:
-                    try:
-                        trust.remove_at(folder.fd, child)
-                    except OSError as exc:
-                        log.warning("deepjit: cannot remove %s: %s", folder.path / child, exc)
-                        continue
-                removed.append(folder.path / child)
-    locks = trust.open_dir_at(root, LOCKS_DIR, pol)
-    if locks is not None and not dry_run:
-        with locks:  # lock files hold no data, so they are not reported
-            for child in sorted(os.listdir(locks.fd)):
-                if max_age_s is None or _age(locks.fd, child, now) > max_age_s:
-                    _remove_unheld_lock(locks.fd, child)
-    elif locks is not None:
-        locks.close()
-    return removed
-
-
-def sweep_stale(root: Folder, max_age_s: float, dry_run: bool = False, shared: bool = False) -> list[Path]:
-    """Remove temp folders of dead builders and kept failures older than `max_age_s`."""
-    return _sweep(root, trust.policy(shared), max_age_s, dry_run)
-
-
-def verify(roots: Sequence[Path], shared: bool = False) -> list[tuple[Entry, str | None]]:
-    """Every entry of every root with its problem (None when sound). An unsafe entry is reported,
-    an unsafe root raises UnsafeCacheError."""
-    pol = trust.policy(shared)
-    results = []
-    for root_path in roots:
-        root = trust.open_root(root_path, pol)
-        if root is None:
-            continue
-        with root:
-            results += [(entry, _inspect(root, entry, pol)[0]) for entry in iter_entries(root_path)]
-    return results
-
-
-@dataclass
-class GcReport:
-    removed: list[tuple[Path, str]] = field(default_factory=list)
-    freed_bytes: int = 0
-
-
-def _require_tag(root: Folder, action: str) -> None:
-    try:
-        st = os.stat(TAG_FILE, dir_fd=root.fd, follow_symlinks=False)
-    except OSError:
-        st = None
-    if st is None or not stat.S_ISREG(st.st_mode):
-        raise CacheError(f"refusing to {action} {root.path}: it has no {TAG_FILE} file, so it is not a deepjit cache root")
-
-
-def _writable(root: Folder) -> bool:
-    return os.access(".", os.W_OK | os.X_OK, dir_fd=root.fd)
-
-
-def _inspect(root: Folder, entry: Entry, pol: Policy) -> tuple[str | None, dict[str, Any] | None]:
-    """(problem, None) for a corrupt or unsafe entry, (None, manifest) for a sound one."""
-    try:
-        hit, problem = _check_at(root, entry, pol)
-    except UnsafeCacheError as exc:
-        return f"unsafe: {exc}", None
-    if hit is None:
-        return problem or "disappeared while being checked", None
-    hit.file.close()
-    return None, hit.manifest
-
-
-def gc(
-    roots: Sequence[Path],
-    *,
-    tmp_max_age_s: float,
-    unused_for_s: float | None = None,
-    max_bytes: int | None = None,
-    dry_run: bool = False,
-    shared: bool = False,
-) -> GcReport:
-    """Remove stale temp folders (never a live builder's), broken or unsafe entries, entries unused for
-    `unused_for_s`, then the least recently used entries until the cache holds at most `max_bytes`."""
-    pol = trust.policy(shared)
-    report = GcReport()
-    now = time.time()
-    for root_path in roots:
-        root = trust.open_root(root_path, pol)
-        if root is None:
-            continue
-        with root:
-            if not _writable(root):
-                continue
-            _require_tag(root, "gc")
-            for path in _sweep(root, pol, tmp_max_age_s, dry_run):
-                report.removed.append((path, "stale temporary folder"))
-            alive: list[tuple[float, int, Entry]] = []
-            for entry in iter_entries(root_path):
-                reason, _ = _inspect(root, entry, pol)
-                if reason is None and unused_for_s is not None and now - entry.last_used() > unused_for_s:
-                    reason = "unused for longer than the limit"
-                if reason is None:
-                    alive.append((entry.last_used(), entry.size(), entry))
-                    continue
-                report.freed_bytes += entry.size()
-                report.removed.append((entry.path, reason))
-                if not dry_run:
-                    with trust.guarded(entry.path, "remove"):
-                        _move_aside(root, entry.path.name, pol)
-            if max_bytes is not None:
-                total = sum(size for _, size, _ in alive)
-                for _, size, entry in sorted(alive, key=lambda item: item[0]):
-                    if total <= max_bytes:
-                        break
-                    total -= size
-                    report.freed_bytes += size
-                    report.removed.append((entry.path, "least recently used beyond the size limit"))
-                    if not dry_run:
-                        with trust.guarded(entry.path, "remove"):
-                            _move_aside(root, entry.path.name, pol)
-    return report
-
-
-def clear(roots: Sequence[Path], *, name: str | None = None, dry_run: bool = False, shared: bool = False) -> list[Path]:
-    """Remove entries (all, or those compiled under `name`); without `name` also temp folders (not those
-    of live builders), kept failures, unheld locks and compiler identities. The tag file stays, so the
-    root remains a recognisable cache."""
-    pol = trust.policy(shared)
-    removed = []
-    for root_path in roots:
-        root = trust.open_root(root_path, pol)
-        if root is None:
-            continue
-        with root:
-            if not _writable(root):
-                continue
-            _require_tag(root, "clear")
-            for entry in iter_entries(root_path):
-                if name is None or entry.name == name:
-                    removed.append(entry.path)
-                    if not dry_run:
-                        with trust.guarded(entry.path, "remove"):
-                            _move_aside(root, entry.path.name, pol)
-            if name is None:
-                removed += _sweep(root, pol, None, dry_run)
-                compilers = root.path / COMPILERS_DIR
-                if os.path.lexists(compilers):
-                    removed.append(compilers)
-                    if not dry_run:
-                        with trust.guarded(compilers, "remove"):
-                            trust.remove_at(root.fd, COMPILERS_DIR)
-    return removed
-
-
-def _count_children(root: Folder, name: str) -> int:
-    try:
-        fd = os.open(name, trust.O_DIR, dir_fd=root.fd)
-    except OSError:
-        return 0
-    try:
-        return len(os.listdir(fd))
-    finally:
-        os.close(fd)
-
-
-def stats(roots: Sequence[Path], shared: bool = False) -> list[dict[str, Any]]:
-    """Per root: entries, bytes, counts per toolchain/kind, broken (corrupt or unsafe) entries, leftovers.
-    A root that cannot be trusted is reported with its `problem` and not looked into."""
-    pol = trust.policy(shared)
-    result = []
-    for root_path in roots:
-        row: dict[str, Any] = {
-            "root": str(root_path), "exists": False, "writable": False, "problem": None, "entries": 0,
-            "bytes": 0, "by_toolchain": {}, "broken": 0, "unsafe": 0, "temporary": 0, "failed": 0,
-        }
-        result.append(row)
-        try:
-            root = trust.open_root(root_path, pol)
-        except UnsafeCacheError as exc:
-            row["exists"], row["problem"] = True, str(exc)
-            continue
-        if root is None:
-            continue
-        with root:
-            row["exists"], row["writable"] = True, _writable(root)
-            for entry in iter_entries(root_path):
-                row["entries"] += 1
-                row["bytes"] += entry.size()
-                problem, manifest = _inspect(root, entry, pol)
-                if manifest is None:
-                    row["broken"] += 1
-                    row["unsafe"] += str(problem).startswith("unsafe:")
-                    key = "?/?"
-                else:
-                    key = f"{manifest['toolchain']}/{manifest['kind']}"
-                row["by_toolchain"][key] = row["by_toolchain"].get(key, 0) + 1
-            row["temporary"] = _count_children(root, TMP_DIR)
-            row["failed"] = _count_children(root, FAILED_DIR)
-    return result

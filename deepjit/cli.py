@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import cache
+from . import cache, maintenance
 from .env import KNOBS, Environment
 from .errors import DeepJitError
 
@@ -64,7 +64,7 @@ def _cmd_ls(args: argparse.Namespace, env: Environment) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace, env: Environment) -> int:
-    report = cache.stats(_roots(args, env), env.settings().shared)
+    report = maintenance.stats(_roots(args, env), env.settings().shared)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -91,7 +91,7 @@ def _cmd_verify(args: argparse.Namespace, env: Environment) -> int:
 
 
 def _cmd_clear(args: argparse.Namespace, env: Environment) -> int:
-    removed = cache.clear(_roots(args, env), name=args.name, dry_run=args.dry_run, shared=env.settings().shared)
+    removed = maintenance.clear(_roots(args, env), name=args.name, dry_run=args.dry_run, shared=env.settings().shared)
     verb = "would remove" if args.dry_run else "removed"
     for path in removed:
         print(f"{verb} {path}")
@@ -101,7 +101,7 @@ def _cmd_clear(args: argparse.Namespace, env: Environment) -> int:
 
 def _cmd_gc(args: argparse.Namespace, env: Environment) -> int:
     settings = env.settings()
-    report = cache.gc(
+    report = maintenance.gc(
         _roots(args, env),
         tmp_max_age_s=args.tmp_max_age if args.tmp_max_age is not None else settings.tmp_max_age_s,
         unused_for_s=args.unused_days * 86400 if args.unused_days is not None else None,

@@ -72,7 +72,9 @@ def _refuse(path: Path | str, what: str, problem: str, fix: str) -> UnsafeCacheE
     return UnsafeCacheError(f"refusing to use {what} {path}: {problem}. {fix}")
 
 
-def _trust_problem(st: os.stat_result, pol: Policy, group: int | None, path: Path, is_root: bool) -> tuple[str, str] | None:
+def _trust_problem(
+    st: os.stat_result, pol: Policy, group: int | None, path: Path, is_root: bool
+) -> tuple[str, str] | None:
     """(what is wrong, how to fix it) for a path with status `st`, or None if it can be trusted.
     `group` is the group a shared cache trusts (the root's), None in a private cache."""
     mode = stat.S_IMODE(st.st_mode)
@@ -86,7 +88,8 @@ def _trust_problem(st: os.stat_result, pol: Policy, group: int | None, path: Pat
     if mode & stat.S_IWOTH:
         return f"every user can write it (mode {mode:04o})", f"Run `chmod o-w {path}`"
     if mode & stat.S_IWGRP and st.st_gid != group:
-        shared_hint = "" if pol.shared else " (or set DEEPJIT_CACHE_SHARED=1 if you share it with that group on purpose)"
+        shared_hint = "" if pol.shared else (
+            " (or set DEEPJIT_CACHE_SHARED=1 if you share it with that group on purpose)")
         return (f"the group {_group_name(st.st_gid)} can write it (mode {mode:04o})",
                 f"Run `chmod g-w {path}`{shared_hint}")
     return None
@@ -228,7 +231,9 @@ def ensure_dir_at(parent: Folder, name: str, pol: Policy, mode: int, what: str =
     return folder
 
 
-def open_file_at(folder: Folder, name: str, pol: Policy, what: str = "the cache file") -> tuple[int, os.stat_result] | None:
+def open_file_at(
+    folder: Folder, name: str, pol: Policy, what: str = "the cache file"
+) -> tuple[int, os.stat_result] | None:
     """(descriptor, status) of a regular file inside `folder`, checked; None if absent."""
     try:
         fd = os.open(name, O_READ, dir_fd=folder.fd)

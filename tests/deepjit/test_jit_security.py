@@ -115,7 +115,8 @@ def test_entry_owned_by_another_user_is_refused_and_never_run(planted_entry, mar
 
 def test_root_owned_by_another_user_is_refused_with_the_fix(planted_entry, cache_root, marker):
     os.chown(cache_root, OTHER_UID, -1)
-    with pytest.raises(deepjit.UnsafeCacheError, match=f"cache root {cache_root}: it is owned by uid {OTHER_UID}") as failure:
+    message = f"cache root {cache_root}: it is owned by uid {OTHER_UID}"
+    with pytest.raises(deepjit.UnsafeCacheError, match=message) as failure:
         _request(deepjit.JitContext())
     assert "DEEPJIT_CACHE_DIR" in str(failure.value)
     assert not marker.exists()
