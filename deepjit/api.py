@@ -329,9 +329,9 @@ class JitContext:
     ) -> tuple[Artifact, Any]:
         try:
             return self._serve_keyed(request, chain, settings, fast_key, load=load)
-        except OSError as exc:  # a cache file-system refusal not met where it happened: still say where and what to do
-            where = exc.filename
-            if where is not None and not any(os.fspath(where).startswith(str(root)) for root in settings.cache_roots):
+        except OSError as exc:  # a cache refusal not caught where it happened: still say where and what to do
+            where = exc.filename if isinstance(exc.filename, str) else None
+            if where is not None and not any(where.startswith(str(root)) for root in settings.cache_roots):
                 raise
             raise trust.io_error(exc, where or settings.cache_roots[0], "use the cache at") from exc
 
@@ -411,10 +411,15 @@ class JitContext:
         raise cache.CacheError(f"cache entry for {request.name!r} kept disappearing after publication")
 
     def _open_write_root(self, keyed: _Keyed) -> trust.Folder:
+        """The write root, checked and open (created again if a clean-up removed it since keying)."""
         assert keyed.write_root is not None
-        root = cache.open_root(keyed.write_root, keyed.settings.shared)
+        reason = cache.ensure_root(keyed.write_root, keyed.settings.shared)
+        root = cache.open_root(keyed.write_root, keyed.settings.shared) if reason is None else None
         if root is None:
-            raise cache.BuildFolderRemoved(f"the cache root {keyed.write_root} was removed")
+            raise cache.CacheError(
+                f"the cache root {keyed.write_root} became unusable during the call ({reason or 'removed'}); "
+                "set DEEPJIT_CACHE_DIR to a writable folder, or DEEPJIT_DISABLE_CACHE=1"
+            )
         return root
 
     def _waiting(self, settings: Settings) -> Callable[[Path], None]:

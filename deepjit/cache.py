@@ -1,10 +1,10 @@
-"""The disk cache: entry folders `<name>.<digest>/`, per-key locks, atomic publish, trust and integrity checks.
+"""The disk cache: roots, entry folders `<name>.<digest>/`, integrity checks, atomic publication.
 
-Rule: an entry exists only whole and is used only if it can be trusted. A builder holds the key's
-lock, works in a private temp folder under the same root, fsyncs, writes the commit marker last
-and publishes with one atomic rename. A reader uses an entry only if every path in it passes the
-trust checks (trust.py), its marker and manifest are sound and its artifact's sha256 matches, and
-it loads the very bytes it hashed.
+Rule: an entry exists only whole and is used only if it can be trusted. A builder (holding the
+key's lock, locks.py) works in a private temp folder under the same root, fsyncs, writes the
+commit marker last and publishes with one atomic rename. A reader uses an entry only if every
+path in it passes the trust checks (trust.py), its marker and manifest are sound and its
+artifact's sha256 matches, and then loads the very bytes it hashed.
 """
 
 from __future__ import annotations
@@ -358,7 +358,7 @@ def read_verified(path: Path, sha256: str, shared: bool = False) -> VerifiedFile
 
 
 def inspect(root: Folder, entry: Entry, pol: Policy) -> tuple[str | None, dict[str, Any] | None]:
-    """(problem, None) for a corrupt or unsafe entry (never raises for the entry), (None, manifest) for a sound one."""
+    """(problem, None) for a corrupt or unsafe entry (reported, never raised), (None, manifest) for a sound one."""
     try:
         hit, problem = _check_at(root, entry, pol)
     except UnsafeCacheError as exc:

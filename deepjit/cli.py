@@ -112,8 +112,10 @@ def _cmd_gc(args: argparse.Namespace, env: Environment) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for path, reason in report.removed:
         print(f"{verb} {path}: {reason}")
+    for path, reason in report.failed:
+        print(f"could not remove {path}: {reason}", file=sys.stderr)
     print(f"{verb} {len(report.removed)} items, {_size(report.freed_bytes)} of entries")
-    return 0
+    return 1 if report.failed else 0
 
 
 def _cmd_knobs(args: argparse.Namespace, env: Environment) -> int:

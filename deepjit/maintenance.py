@@ -74,8 +74,22 @@ def sweep_stale(root: Folder, max_age_s: float, dry_run: bool = False, shared: b
 
 @dataclass
 class GcReport:
+    """What gc removed (path, why), the bytes of removed entries, and what it could not remove (path, why)."""
+
     removed: list[tuple[Path, str]] = field(default_factory=list)
     freed_bytes: int = 0
+    failed: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def _remove_entry(root: Folder, entry: Entry, pol: Policy) -> str | None:
+    """Take an entry out of the cache; None when done, else why not (e.g. another user's folder)."""
+    try:
+        move_aside(root, entry.path.name, pol)
+    except OSError as exc:
+        problem = str(trust.io_error(exc, entry.path, "remove"))
+        log.warning("deepjit: %s", problem)
+        return problem
+    return None
 
 
 def _require_tag(root: Folder, action: str) -> None:
@@ -125,29 +139,34 @@ def gc(
                 if reason is None:
                     alive.append((entry.last_used(), entry.size(), entry))
                     continue
-                report.freed_bytes += entry.size()
+                size = entry.size()
+                failure = None if dry_run else _remove_entry(root, entry, pol)
+                if failure is not None:
+                    report.failed.append((entry.path, failure))
+                    continue
+                report.freed_bytes += size
                 report.removed.append((entry.path, reason))
-                if not dry_run:
-                    with trust.guarded(entry.path, "remove"):
-                        move_aside(root, entry.path.name, pol)
             if max_bytes is not None:
                 total = sum(size for _, size, _ in alive)
                 for _, size, entry in sorted(alive, key=lambda item: item[0]):
                     if total <= max_bytes:
                         break
+                    failure = None if dry_run else _remove_entry(root, entry, pol)
+                    if failure is not None:
+                        report.failed.append((entry.path, failure))
+                        continue
                     total -= size
                     report.freed_bytes += size
                     report.removed.append((entry.path, "least recently used beyond the size limit"))
-                    if not dry_run:
-                        with trust.guarded(entry.path, "remove"):
-                            move_aside(root, entry.path.name, pol)
     return report
 
 
-def clear(roots: Sequence[Path], *, name: str | None = None, dry_run: bool = False, shared: bool = False) -> list[Path]:
+def clear(
+    roots: Sequence[Path], *, name: str | None = None, dry_run: bool = False, shared: bool = False
+) -> list[Path]:
     """Remove entries (all, or those compiled under `name`); without `name` also temp folders (not those
     of live builders), kept failures, unheld locks and compiler identities. The tag file stays, so the
-    root remains a recognisable cache."""
+    root remains a recognisable cache. What cannot be removed is logged as a warning and skipped."""
     pol = trust.policy(shared)
     removed = []
     for root_path in roots:
@@ -159,11 +178,8 @@ def clear(roots: Sequence[Path], *, name: str | None = None, dry_run: bool = Fal
                 continue
             _require_tag(root, "clear")
             for entry in iter_entries(root_path):
-                if name is None or entry.name == name:
+                if (name is None or entry.name == name) and (dry_run or _remove_entry(root, entry, pol) is None):
                     removed.append(entry.path)
-                    if not dry_run:
-                        with trust.guarded(entry.path, "remove"):
-                            move_aside(root, entry.path.name, pol)
             if name is None:
                 removed += _sweep(root, pol, None, dry_run)
                 compilers = root.path / COMPILERS_DIR

@@ -13,6 +13,7 @@ from conftest import ADD_SOURCE, entries, leftovers
 
 import deepjit
 from deepjit import cache
+from deepjit.cli import main
 
 
 def _build(jit: deepjit.JitContext | None = None, source: str = ADD_SOURCE) -> deepjit.Artifact:
@@ -123,3 +124,26 @@ def test_a_compile_error_is_not_hidden_by_a_full_disk_when_keeping_the_failure(c
     with pytest.raises(deepjit.CompileError) as failure:
         _build(source="this is not C++\n")
     assert failure.value.source_path is None and failure.value.returncode != 0
+
+
+def test_gc_reports_an_entry_it_cannot_remove_and_goes_on(cache_root, monkeypatch, capsys):
+    stuck, other = (_build_named(name) for name in ("stuck", "other"))
+    for artifact in (stuck, other):
+        (artifact.entry / cache.MARKER).unlink()  # both broken: gc wants to remove both
+    real_rename = os.rename
+
+    def refuse(src, dst, *args, **kwargs):
+        if isinstance(src, str) and src.startswith("stuck."):
+            raise _fail(errno.EACCES)  # as for another user's folder, when not root
+        return real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", refuse)
+    assert main(["gc"]) == 1
+    captured = capsys.readouterr()
+    assert f"could not remove {stuck.entry}: cannot remove {stuck.entry}: Permission denied" in captured.err
+    assert f"removed {other.entry}" in captured.out
+    assert [e.path for e in entries(cache_root)] == [stuck.entry]
+
+
+def _build_named(name: str) -> deepjit.Artifact:
+    return deepjit.JitContext().build(name, ADD_SOURCE, toolchain="host", kind="ctypes", defines={"OFFSET": 0})
