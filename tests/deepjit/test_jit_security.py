@@ -14,6 +14,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -299,3 +300,40 @@ def test_stats_reports_an_unsafe_root_instead_of_looking_into_it(cache_root, cap
     os.chown(cache_root, OTHER_UID, -1)
     assert main(["stats"]) == 0
     assert "UNSAFE, not looked into" in capsys.readouterr().out
+
+
+# --- the attack of issue 10, by a real process of another user ----------------------------------
+
+
+def test_entry_planted_by_a_real_process_of_another_user_is_refused(planted_library, marker, monkeypatch):
+    """uid 12345 (a real process, not a chown) plants a consistent entry while the root is
+    world-writable; root's builds refuse the root, and after `chmod o-w` they refuse the entry."""
+    base = Path(tempfile.mkdtemp(prefix="deepjit-plant-", dir="/tmp"))  # reachable by the other user
+    try:
+        os.chmod(base, 0o755)
+        cache_root = base / "cache"
+        monkeypatch.setenv("DEEPJIT_CACHE_DIR", str(cache_root))
+        entry = _request(deepjit.JitContext(), "build").entry
+        planted = base / "plant" / entry.name
+        shutil.move(entry, planted)
+        _plant(planted, planted_library)
+        _chmod_tree(base / "plant", 0o755, 0o644)
+        cache_root.chmod(0o777)  # the mistake that lets another user in
+        subprocess.run(["cp", "-r", str(planted), str(cache_root)], check=True,
+                       user=OTHER_UID, group=OTHER_UID, extra_groups=[], cwd="/")
+        assert entry.stat().st_uid == OTHER_UID
+        with pytest.raises(deepjit.UnsafeCacheError, match=r"every user can write it .*`chmod o-w"):
+            _request(deepjit.JitContext())
+        cache_root.chmod(0o700)
+        with pytest.raises(deepjit.UnsafeCacheError, match=f"owned by uid {OTHER_UID}"):
+            _request(deepjit.JitContext())
+        assert not marker.exists()
+    finally:
+        shutil.rmtree(base)
+
+
+def _chmod_tree(path: Path, dir_mode: int, file_mode: int) -> None:
+    for folder, _, files in os.walk(path):
+        os.chmod(folder, dir_mode)
+        for name in files:
+            os.chmod(os.path.join(folder, name), file_mode)
