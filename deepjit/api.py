@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import cache, locks, maintenance, trust
+from . import cache, trust
 from .env import Environment, Settings
 from .errors import CompileError, InvalidArgumentError, ToolchainNotFoundError
 from .formats import artifact_problem
@@ -384,6 +384,8 @@ class JitContext:
                 if hit is not None:
                     self._say(settings, f"disk hit {hit.entry.path}")
                     return _artifact_from(hit, keyed, "disk"), hit.file
+            from . import locks  # only builds lock; a disk hit does not pay for the import
+
             root = self._open_write_root(keyed)
             with root, locks.key_lock(root, request.name, keyed.digest, settings.shared, self._waiting(settings)):
                 saw_bad = False
@@ -462,6 +464,8 @@ class JitContext:
         pol = trust.policy(settings.shared)
         started = time.perf_counter()
         if publish:
+            from . import maintenance  # only builds sweep; a disk hit does not pay for the import
+
             maintenance.sweep_stale(root, settings.tmp_max_age_s, shared=settings.shared)
         build = cache.new_build_dir(root, request.name, keyed.digest, settings.shared)
         self._say(settings, f"building {request.name}.{keyed.digest[:16]} in {build.path}")

@@ -14,8 +14,8 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import CacheIOError, UnsafeCacheError
 
@@ -37,8 +37,7 @@ class Corrupt(Exception):
     """A cache path of the wrong type or content: the entry is corrupt (rebuilt, reported by verify)."""
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(NamedTuple):
     """Whom this process trusts: its effective uid (and root), plus the root's group when shared."""
 
     shared: bool
