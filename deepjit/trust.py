@@ -80,7 +80,7 @@ def _trust_problem(
     if st.st_uid not in (pol.uid, 0) and not (group is not None and st.st_gid == group):
         if is_root:
             fix = (f"A cache must be yours: set {ROOT_KNOB} to a folder of your own (for a cache shared "
-                   f"with your group on purpose, give it one of your groups and set DEEPJIT_CACHE_SHARED=1)")
+                   "with your group on purpose, give it one of your groups and set DEEPJIT_CACHE_SHARED=1)")
         else:
             fix = f"Remove it (`rm -rf {path}`, as its owner or root); deepjit then builds its own"
         return f"it is owned by {_who(st.st_uid)}, not by you ({_who(pol.uid)})", fix
@@ -94,7 +94,10 @@ def _trust_problem(
     return None
 
 
-def check_fd(fd: int, pol: Policy, group: int | None, path: Path, what: str, is_root: bool = False) -> os.stat_result:
+def check_fd(
+    fd: int, pol: Policy, group: int | None, path: Path, what: str, is_root: bool = False
+) -> os.stat_result:
+    """The status of an open cache path, after checking who owns it and who may write it."""
     st = os.fstat(fd)
     problem = _trust_problem(st, pol, group, path, is_root)
     if problem is not None:
