@@ -16,12 +16,14 @@ from .api import Artifact, JitContext, build, cache_key, compile, compile_to_pat
 from .env import KNOBS, Settings
 from .errors import (
     CacheError,
+    CacheIOError,
     CompileError,
     DeepJitError,
     DeviceUnavailableError,
     InvalidArgumentError,
     LoadError,
     ToolchainNotFoundError,
+    UnsafeCacheError,
 )
 from .loader import AscendBinary, CudaFunction, CudaModule
 from .template import Template, cpp_literal, render_template
@@ -32,6 +34,7 @@ __all__ = [
     "Artifact",
     "AscendBinary",
     "CacheError",
+    "CacheIOError",
     "CompileError",
     "CudaFunction",
     "CudaModule",
@@ -46,6 +49,7 @@ __all__ = [
     "Template",
     "ToolchainName",
     "ToolchainNotFoundError",
+    "UnsafeCacheError",
     "build",
     "cache",
     "cache_key",

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import cache
+from . import cache, trust
 from .env import Environment, Settings
 from .errors import CompileError, InvalidArgumentError, ToolchainNotFoundError
 from .formats import artifact_problem
 from .key import KEY_FORMAT, digest_of, scan_includes, stamps_unchanged
 from .toolchains import Request, Spelling, Tool, Toolchain, ToolchainName, compiler_identity, get_toolchain
+from .trust import VerifiedFile
 
 __all__ = ["Artifact", "JitContext", "compile", "compile_to_path", "build", "cache_key", "configure", "default_context"]
 
@@ -241,8 +242,20 @@ class JitContext:
         return request, chain, settings, fast_key, digest
 
     def compile_to_path(self, name: str, source: str, **options: Any) -> Path:
-        """build(...).path: the artifact's path, never loaded (no device needed). Same options as build()."""
-        return self.build(name, source, **options).path
+        """build(...).path, never loaded (no device needed); same options as build(). The file is
+        checked again (trusted folders, sha256 of its bytes) just before its path is returned, and
+        rebuilt if it changed or vanished since this context remembered it."""
+        shared = self.settings().shared
+        for _ in range(_BUILD_ATTEMPTS):
+            artifact = self.build(name, source, **options)
+            image = cache.read_verified(artifact.path, artifact.sha256, shared)
+            if image is not None:
+                image.close()
+                return artifact.path
+            self._artifacts.pop(artifact.digest, None)
+            self._loaded.pop(artifact.digest, None)
+        raise cache.CacheError(f"the artifact of {name!r} kept changing or vanishing on disk; is something "
+                               "deleting or rewriting the cache?")
 
     def key(
         self,
@@ -281,8 +294,8 @@ class JitContext:
     def _key(self, request: Request, chain: Toolchain, settings: Settings) -> _Keyed:
         tools = chain.tools(self.env)
         write_root = None if settings.disable_cache else cache.writable_root(settings.cache_roots, settings.shared)
-        identity_dir = write_root / cache.COMPILERS_DIR if write_root is not None else None
-        identities = {tool.role: compiler_identity(tool.path, identity_dir) for tool in tools}
+        store = cache.IdentityMemo(write_root, settings.shared) if write_root is not None else None
+        identities = {tool.role: compiler_identity(tool.path, store) for tool in tools}
         scan = scan_includes(request.source, request.include_dirs)
         symbolic = Spelling(
             tools={tool.role: f"<{tool.role}>" for tool in tools},
@@ -314,47 +327,108 @@ class JitContext:
     def _serve(
         self, request: Request, chain: Toolchain, settings: Settings, fast_key: tuple[Any, ...], *, load: bool
     ) -> tuple[Artifact, Any]:
+        try:
+            return self._serve_keyed(request, chain, settings, fast_key, load=load)
+        except OSError as exc:  # a cache refusal not caught where it happened: still say where and what to do
+            where = exc.filename if isinstance(exc.filename, str) else None
+            if where is not None and not any(where.startswith(str(root)) for root in settings.cache_roots):
+                raise
+            raise trust.io_error(exc, where or settings.cache_roots[0], "use the cache at") from exc
+
+    def _serve_keyed(
+        self, request: Request, chain: Toolchain, settings: Settings, fast_key: tuple[Any, ...], *, load: bool
+    ) -> tuple[Artifact, Any]:
         keyed = self._key(request, chain, settings)
         digest = keyed.digest
         with self._key_lock(digest):
             for _ in range(_BUILD_ATTEMPTS):
                 artifact = None if self._must_force(settings, digest) else self._artifacts.get(digest)
                 image = None
-                if artifact is None:
-                    artifact, image = self._obtain(keyed)
-                    self._artifacts[digest] = replace(artifact, origin="memory")
-                    self._loaded.pop(digest, None)
-                    if settings.force_rebuild:
-                        self._forced.add(digest)
-                loaded = None
-                if load:
-                    loaded = self._loaded.get(digest)
-                    if loaded is None:
-                        image = image if image is not None else _verified_image(artifact)
-                        if image is None:  # changed on disk since it was remembered: get it again
-                            self._artifacts.pop(digest, None)
-                            continue
-                        loaded = chain.load(artifact.path, request, image)
-                        self._loaded[digest] = loaded
+                try:
+                    if artifact is None:
+                        artifact, image = self._obtain(keyed)
+                        self._artifacts[digest] = replace(artifact, origin="memory")
+                        self._loaded.pop(digest, None)
+                        if settings.force_rebuild:
+                            self._forced.add(digest)
+                    loaded = None
+                    if load:
+                        loaded = self._loaded.get(digest)
+                        if loaded is None:
+                            if image is None:
+                                image = cache.read_verified(artifact.path, artifact.sha256, settings.shared)
+                            if image is None:  # changed or removed on disk since it was remembered: get it again
+                                self._artifacts.pop(digest, None)
+                                continue
+                            loaded = chain.load(image, request)
+                            self._loaded[digest] = loaded
+                finally:
+                    if image is not None:
+                        image.close()
                 self._requests[fast_key] = (digest, keyed.stamps)
                 return artifact, loaded
         raise cache.CacheError(f"artifact of {request.name!r} kept changing on disk while being loaded")
 
-    def _obtain(self, keyed: _Keyed) -> tuple[Artifact, bytes]:
+    def _obtain(self, keyed: _Keyed) -> tuple[Artifact, VerifiedFile]:
+        """A disk hit, or a build under the key's cross-process lock (after looking again under it)."""
         request, settings = keyed.request, keyed.settings
         if keyed.write_root is None:
-            return self._build(keyed, replace_existing=False)
+            return self._build_uncached(keyed)
         force = self._must_force(settings, keyed.digest)
+        expected = keyed.chain.artifact_filename(request)
+        cleared = 0
         for _ in range(_BUILD_ATTEMPTS):
-            hit, saw_bad = (None, False) if force else cache.lookup(settings.cache_roots, request.name, keyed.digest)
-            if hit is not None:
-                self._say(settings, f"disk hit {hit.entry.path}")
-                return _artifact_from(hit, keyed, "disk"), hit.image
-            built = self._build(keyed, replace_existing=force or saw_bad)
+            if not force:
+                hit, _ = cache.lookup(settings.cache_roots, request.name, keyed.digest, shared=settings.shared,
+                                      artifact_name=expected)
+                if hit is not None:
+                    self._say(settings, f"disk hit {hit.entry.path}")
+                    return _artifact_from(hit, keyed, "disk"), hit.file
+            from . import locks  # only builds lock; a disk hit does not pay for the import
+
+            root = self._open_write_root(keyed)
+            with root, locks.key_lock(root, request.name, keyed.digest, settings.shared, self._waiting(settings)):
+                saw_bad = False
+                if not force:  # another process may have built it while we waited for the lock
+                    hit, saw_bad = cache.lookup(settings.cache_roots, request.name, keyed.digest,
+                                                shared=settings.shared, artifact_name=expected)
+                    if hit is not None:
+                        self._say(settings, f"disk hit {hit.entry.path} (built by another process meanwhile)")
+                        return _artifact_from(hit, keyed, "disk"), hit.file
+                try:
+                    built = self._build(keyed, root, replace_existing=force or saw_bad)
+                except cache.BuildFolderRemoved as exc:
+                    cleared += 1
+                    self._say(settings, f"{exc}: the cache was cleared during the build; building again")
+                    continue
             if built is not None:
                 return built
             force = False  # another builder published first; use theirs
+        if cleared:
+            raise cache.CacheError(
+                f"the cache was cleared during the build of {request.name!r} ({cleared} of {_BUILD_ATTEMPTS} "
+                "attempts had their build folder removed while the compiler ran); nothing was published. "
+                "Run again once the clean-up is over"
+            )
         raise cache.CacheError(f"cache entry for {request.name!r} kept disappearing after publication")
+
+    def _open_write_root(self, keyed: _Keyed) -> trust.Folder:
+        """The write root, checked and open (created again if a clean-up removed it since keying)."""
+        assert keyed.write_root is not None
+        reason = cache.ensure_root(keyed.write_root, keyed.settings.shared)
+        root = cache.open_root(keyed.write_root, keyed.settings.shared) if reason is None else None
+        if root is None:
+            raise cache.CacheError(
+                f"the cache root {keyed.write_root} became unusable during the call ({reason or 'removed'}); "
+                "set DEEPJIT_CACHE_DIR to a writable folder, or DEEPJIT_DISABLE_CACHE=1"
+            )
+        return root
+
+    def _waiting(self, settings: Settings) -> Callable[[Path], None]:
+        def say(lock: Path) -> None:
+            self._say(settings, f"waiting for another process building the same key (lock {lock})")
+
+        return say
 
     def _scratch_dir(self) -> Path:
         import shutil
@@ -366,92 +440,135 @@ class JitContext:
                 atexit.register(shutil.rmtree, self._scratch, True)
             return self._scratch
 
-    def _build(self, keyed: _Keyed, *, replace_existing: bool) -> tuple[Artifact, bytes] | None:
-        import tempfile
+    def _build_uncached(self, keyed: _Keyed) -> tuple[Artifact, VerifiedFile]:
+        """DISABLE_CACHE: build in this context's private scratch folder, never published."""
+        scratch = cache.open_root(self._scratch_dir(), False)
+        if scratch is None:
+            raise cache.CacheError(f"the scratch folder {self._scratch_dir()} of DEEPJIT_DISABLE_CACHE was removed")
+        with scratch:
+            for _ in range(_BUILD_ATTEMPTS):
+                try:
+                    built = self._build(keyed, scratch, replace_existing=False, publish=False)
+                except cache.BuildFolderRemoved:
+                    continue
+                assert built is not None
+                return built
+        raise cache.CacheError(f"the scratch folder of {keyed.request.name!r} kept being removed during the build")
 
-        request, chain, settings, root = keyed.request, keyed.chain, keyed.settings, keyed.write_root
+    def _build(
+        self, keyed: _Keyed, root: trust.Folder, *, replace_existing: bool, publish: bool = True
+    ) -> tuple[Artifact, VerifiedFile] | None:
+        """Compile in a new folder under `root`/.tmp, check the output, and (unless `publish` is
+        False) commit and publish it. None if another builder's entry won."""
+        request, chain, settings = keyed.request, keyed.chain, keyed.settings
+        pol = trust.policy(settings.shared)
         started = time.perf_counter()
-        if root is None:
-            build_dir = Path(tempfile.mkdtemp(prefix=f"{request.name}.", dir=self._scratch_dir()))
-        else:
-            cache.sweep_stale(root, settings.tmp_max_age_s)
-            build_dir = cache.new_build_dir(root, request.name, keyed.digest, settings.shared)
-        self._say(settings, f"building {request.name}.{keyed.digest[:16]} in {build_dir}")
+        if publish:
+            from . import maintenance  # only builds sweep; a disk hit does not pay for the import
+
+            maintenance.sweep_stale(root, settings.tmp_max_age_s, shared=settings.shared)
+        build = cache.new_build_dir(root, request.name, keyed.digest, settings.shared)
+        self._say(settings, f"building {request.name}.{keyed.digest[:16]} in {build.path}")
+        image = None
+        source_name = chain.source_filename(request)
+        output_name = chain.artifact_filename(request)
         try:
-            source_path = build_dir / chain.source_filename(request)
-            source_path.write_text(request.source, encoding="utf-8")
-            output = build_dir / chain.artifact_filename(request)
+            with trust.guarded(build.path / source_name, "write the source"):
+                trust.write_new_file_at(build, source_name, request.source.encode("utf-8"))
+            # Relative paths in a working directory named through our descriptor: the compiler works
+            # in the folder we created, whatever is renamed above it meanwhile.
             spelling = Spelling(
                 tools={tool.role: tool.path for tool in keyed.tools},
-                source=str(source_path),
-                output=str(output),
-                workdir=str(build_dir),
+                source=source_name,
+                output=output_name,
+                workdir=".",
                 include_dirs=tuple(str(d) for d in request.include_dirs),
                 symbolic=False,
             )
             commands = chain.commands(request, spelling)
             outputs = []
             for command in commands:
-                status, text = _run(command, build_dir, settings)
+                status, text = _run(command, build, settings)
                 outputs.append(text)
                 if status != 0:
-                    kept = self._keep_failure(keyed, text)
+                    _check_not_removed(build)
+                    kept = self._keep_failure(keyed, root if publish else None, text)
                     raise CompileError(
                         f"{chain.name} build of {request.name!r} failed; nothing was published",
                         command=command, output=text, source_path=kept, returncode=status,
                     )
-            problem = artifact_problem(output, chain.artifact_format(request))
+            try:
+                image = trust.open_verified(build, output_name, pol)
+            except trust.Corrupt:
+                image = None
+            problem = artifact_problem(image.data if image is not None else None, chain.artifact_format(request))
             if problem is not None:
+                _check_not_removed(build)
                 log_text = "\n".join(outputs)
-                kept = self._keep_failure(keyed, log_text)
+                kept = self._keep_failure(keyed, root if publish else None, log_text)
                 raise CompileError(
                     f"{chain.name} build of {request.name!r}: the compiler exited 0 but {problem}; "
                     "nothing was published",
                     command=commands[-1], output=log_text, source_path=kept, returncode=0,
                 )
-            _remove_intermediates(build_dir, keep={source_path.name, output.name})
-            image = output.read_bytes()
-            manifest = self._manifest(keyed, commands, "\n".join(outputs), source_path, output, image, started)
-            if root is None:
-                return _artifact(keyed, output, None, "built", manifest), image
-            cache.commit(build_dir, manifest, settings.shared)
-            final, ours = cache.publish(build_dir, root, request.name, keyed.digest, replace=replace_existing)
+            assert image is not None
+            with trust.guarded(build.path, "clean up intermediate files in"):
+                _remove_intermediates(build, keep={source_name, output_name})
+            manifest = self._manifest(keyed, commands, "\n".join(outputs), source_name, output_name, image, started)
+            if not publish:
+                return _artifact(keyed, image.path, None, "built", manifest), image
+            _check_not_removed(build)
+            cache.commit(build, manifest, settings.shared)
+            final, ours = cache.publish(root, build, request.name, keyed.digest, replace=replace_existing,
+                                        shared=settings.shared)
         except BaseException:
-            cache.discard(build_dir)
+            if image is not None:
+                image.close()
+            cache.discard_build(root, build)
             raise
+        finally:
+            build.close()
         if not ours:
+            image.close()
             self._say(settings, f"another builder published {final} first; using it")
             return None
         self._say(settings, f"published {final}")
-        return _artifact(keyed, final / output.name, final, "built", manifest), image
+        image.path = final / output_name
+        return _artifact(keyed, image.path, final, "built", manifest), image
 
-    def _keep_failure(self, keyed: _Keyed, log_text: str) -> Path:
+    def _keep_failure(self, keyed: _Keyed, root: trust.Folder | None, log_text: str) -> Path | None:
+        """Keep the failed source for inspection (best effort: a full disk must not hide the CompileError)."""
         request = keyed.request
         source_name = keyed.chain.source_filename(request)
-        root = keyed.write_root
-        if root is None:
-            path = Path(self._scratch_dir()) / f"failed.{keyed.digest[:16]}.{source_name}"
-            path.write_text(request.source, encoding="utf-8")
-            return path
-        return cache.save_failure(root, request.name, keyed.digest, source_name, request.source, log_text)
+        try:
+            if root is None:
+                path = Path(self._scratch_dir()) / f"failed.{keyed.digest[:16]}.{source_name}"
+                path.write_text(request.source, encoding="utf-8")
+                return path
+            return cache.save_failure(root, request.name, keyed.digest, source_name, request.source, log_text,
+                                      keyed.settings.shared)
+        except (OSError, cache.CacheError) as exc:
+            log.warning("deepjit: could not keep the failed source of %s: %s", request.name, exc)
+            return None
 
     def _manifest(
-        self, keyed: _Keyed, commands: list[list[str]], output_text: str, source: Path, artifact: Path,
-        image: bytes, started: float,
+        self, keyed: _Keyed, commands: list[list[str]], output_text: str, source_name: str, artifact_name: str,
+        image: VerifiedFile, started: float,
     ) -> dict[str, Any]:
         from . import __version__
 
         request = keyed.request
         return {
+            "manifest_format": cache.MANIFEST_FORMAT,
             "deepjit_version": __version__,
             "name": request.name,
             "digest": keyed.digest,
             "toolchain": request.toolchain,
             "kind": request.kind,
-            "source": source.name,
-            "artifact": artifact.name,
-            "artifact_sha256": hashlib.sha256(image).hexdigest(),
-            "artifact_bytes": len(image),
+            "source": source_name,
+            "artifact": artifact_name,
+            "artifact_sha256": image.sha256,
+            "artifact_bytes": len(image.data),
             "commands": commands,
             "compilers": {
                 tool.role: {"path": tool.path, "chosen_by": tool.chosen_by, "version": keyed.identities[tool.role]}
@@ -487,26 +604,31 @@ def _stat(path: str) -> tuple[int, int, int] | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _remove_intermediates(build_dir: Path, keep: set[str]) -> None:
+def _check_not_removed(build: trust.Folder) -> None:
+    """A compiler failing because its folder was deleted under it is a clean-up race, not a CompileError."""
+    if build.removed():
+        raise cache.BuildFolderRemoved(f"the build folder {build.path} was removed while the compiler ran")
+
+
+def _remove_intermediates(build: trust.Folder, keep: set[str]) -> None:
     """An entry holds the source and the artifact only (plus manifest and marker, written later)."""
-    import shutil
-
-    for child in build_dir.iterdir():
-        if child.name not in keep:
-            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    for child in os.listdir(build.fd):
+        if child not in keep:
+            trust.remove_at(build.fd, child)
 
 
-def _run(command: list[str], cwd: Path, settings: Settings) -> tuple[int, str]:
+def _run(command: list[str], build: trust.Folder, settings: Settings) -> tuple[int, str]:
     import subprocess
 
     if settings.print_commands:
-        sys.stderr.write(f"deepjit: {shlex.join(command)}\n")
+        sys.stderr.write(f"deepjit: (in {build.path}) {shlex.join(command)}\n")
     try:
         completed = subprocess.run(
-            command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            command, cwd=build.cwd(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, errors="replace",
         )
     except OSError as exc:
+        _check_not_removed(build)
         raise ToolchainNotFoundError(f"cannot run {command[0]!r}: {exc}") from exc
     if settings.verbose and completed.stdout:
         sys.stderr.write(completed.stdout if completed.stdout.endswith("\n") else completed.stdout + "\n")
@@ -522,15 +644,6 @@ def _artifact(keyed: _Keyed, path: Path, entry: Path | None, origin: str, manife
 
 def _artifact_from(hit: cache.Hit, keyed: _Keyed, origin: str) -> Artifact:
     return _artifact(keyed, hit.artifact, hit.entry.path, origin, hit.manifest)
-
-
-def _verified_image(artifact: Artifact) -> bytes | None:
-    """The artifact's bytes if they still match its recorded sha256, else None."""
-    try:
-        image = artifact.path.read_bytes()
-    except OSError:
-        return None
-    return image if hashlib.sha256(image).hexdigest() == artifact.sha256 else None
 
 
 # --- module-level default context ------------------------------------------------------------------

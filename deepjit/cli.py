@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import cache
+from . import cache, maintenance
 from .env import KNOBS, Environment
 from .errors import DeepJitError
 
@@ -39,9 +39,10 @@ def _roots(args: argparse.Namespace, env: Environment) -> list[Path]:
 def _cmd_ls(args: argparse.Namespace, env: Environment) -> int:
     rows = []
     now = time.time()
+    shared = env.settings().shared
     for root in _roots(args, env):
         for entry in cache.iter_entries(root):
-            manifest = entry.manifest() or {}
+            manifest = entry.manifest(shared) or {}
             rows.append({
                 "name": entry.name,
                 "digest": entry.digest,
@@ -63,13 +64,17 @@ def _cmd_ls(args: argparse.Namespace, env: Environment) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace, env: Environment) -> int:
-    report = cache.stats(_roots(args, env))
+    report = maintenance.stats(_roots(args, env), env.settings().shared)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     for root in report:
-        print(f"{root['root']}: {root['entries']} entries, {_size(root['bytes'])}, {root['broken']} broken, "
-              f"{root['temporary']} temporary, {root['failed']} failed builds kept"
+        if root["problem"] is not None:
+            print(f"{root['root']}: UNSAFE, not looked into: {root['problem']}")
+            continue
+        print(f"{root['root']}: {root['entries']} entries, {_size(root['bytes'])}, "
+              f"{root['broken']} broken ({root['unsafe']} unsafe), {root['temporary']} temporary, "
+              f"{root['failed']} failed builds kept"
               f"{'' if root['writable'] else ' (read-only or missing)'}")
         for key, count in sorted(root["by_toolchain"].items()):
             print(f"  {key}: {count}")
@@ -77,7 +82,7 @@ def _cmd_stats(args: argparse.Namespace, env: Environment) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace, env: Environment) -> int:
-    results = cache.verify(_roots(args, env))
+    results = cache.verify(_roots(args, env), env.settings().shared)
     bad = [(entry, problem) for entry, problem in results if problem is not None]
     for entry, problem in bad:
         print(f"BAD {entry.path}: {problem}")
@@ -86,7 +91,7 @@ def _cmd_verify(args: argparse.Namespace, env: Environment) -> int:
 
 
 def _cmd_clear(args: argparse.Namespace, env: Environment) -> int:
-    removed = cache.clear(_roots(args, env), name=args.name, dry_run=args.dry_run)
+    removed = maintenance.clear(_roots(args, env), name=args.name, dry_run=args.dry_run, shared=env.settings().shared)
     verb = "would remove" if args.dry_run else "removed"
     for path in removed:
         print(f"{verb} {path}")
@@ -96,18 +101,21 @@ def _cmd_clear(args: argparse.Namespace, env: Environment) -> int:
 
 def _cmd_gc(args: argparse.Namespace, env: Environment) -> int:
     settings = env.settings()
-    report = cache.gc(
+    report = maintenance.gc(
         _roots(args, env),
         tmp_max_age_s=args.tmp_max_age if args.tmp_max_age is not None else settings.tmp_max_age_s,
         unused_for_s=args.unused_days * 86400 if args.unused_days is not None else None,
         max_bytes=int(args.max_mib * 1024 * 1024) if args.max_mib is not None else None,
         dry_run=args.dry_run,
+        shared=settings.shared,
     )
     verb = "would remove" if args.dry_run else "removed"
     for path, reason in report.removed:
         print(f"{verb} {path}: {reason}")
+    for path, reason in report.failed:
+        print(f"could not remove {path}: {reason}", file=sys.stderr)
     print(f"{verb} {len(report.removed)} items, {_size(report.freed_bytes)} of entries")
-    return 0
+    return 1 if report.failed else 0
 
 
 def _cmd_knobs(args: argparse.Namespace, env: Environment) -> int:
@@ -127,11 +135,12 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     stats = sub.add_parser("stats", help="count entries, bytes and leftovers per root")
     stats.add_argument("--json", action="store_true")
-    sub.add_parser("verify", help="check every entry's marker, manifest and artifact sha256 (exit 1 if any is bad)")
+    sub.add_parser("verify", help="check every entry's ownership, modes, marker, manifest and artifact sha256 "
+                                  "(exit 1 if any is bad, 2 if a root cannot be trusted)")
     clear = sub.add_parser("clear", help="remove entries (all, or --name NAME)")
     clear.add_argument("--name", help="only entries compiled under this name")
     clear.add_argument("--dry-run", action="store_true")
-    gc = sub.add_parser("gc", help="remove stale temp folders, broken entries, unused or excess entries")
+    gc = sub.add_parser("gc", help="remove stale temp folders, broken or unsafe entries, unused or excess entries")
     gc.add_argument("--tmp-max-age", type=float, help="seconds (default: the TMP_MAX_AGE knob, 3600)")
     gc.add_argument("--unused-days", type=float, help="also remove entries not used for this many days")
     gc.add_argument("--max-mib", type=float, help="then remove least recently used entries beyond this size")

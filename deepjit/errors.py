@@ -17,6 +17,8 @@ __all__ = [
     "LoadError",
     "DeviceUnavailableError",
     "CacheError",
+    "UnsafeCacheError",
+    "CacheIOError",
 ]
 
 # Compiler logs can be huge (template errors); keep the message readable, keep the full text in .output.
@@ -37,6 +39,25 @@ class ToolchainNotFoundError(DeepJitError, RuntimeError):
 
 class CacheError(DeepJitError, RuntimeError):
     """No usable cache root, or a cache operation that cannot proceed safely."""
+
+
+class UnsafeCacheError(CacheError):
+    """A cache path that someone else could have written (another owner, a group- or world-writable
+    mode, a symbolic link inside the cache): refused, never read or run. The message says how to fix it."""
+
+
+class CacheIOError(CacheError):
+    """The file system refused a cache operation (full disk, quota, permissions, read-only...).
+
+    Attributes:
+        path: the file or folder concerned.
+        errno: the operating system's error number.
+    """
+
+    def __init__(self, message: str, *, path: Path, errno: int | None) -> None:
+        self.path = path
+        self.errno = errno
+        super().__init__(message)
 
 
 class LoadError(DeepJitError, RuntimeError):

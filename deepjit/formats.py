@@ -66,11 +66,10 @@ def _fatbin_problem(data: bytes) -> str | None:
     return None
 
 
-def artifact_problem(path: Path, fmt: ArtifactFormat) -> str | None:
-    """None if `path` looks like a complete artifact of format `fmt`, else a sentence why not."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+def artifact_problem(data: bytes | None, fmt: ArtifactFormat) -> str | None:
+    """None if `data` (a compiler's output file, None when there is none) looks like a complete
+    artifact of format `fmt`, else a sentence why not."""
+    if data is None:
         return "the compiler produced no output file"
     if not data:
         return "the compiler produced an empty output file"

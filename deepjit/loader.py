@@ -1,7 +1,9 @@
 """Loading built artifacts: pybind11 modules, C-ABI libraries (ctypes), CUDA cubins/fatbins, Ascend kernels.
 
-Rule: device runtimes (libcuda, libascendcl) are opened only when a device artifact is loaded,
-so building never needs a driver and a missing one is a DeviceUnavailableError, not an import error.
+Rule: what is loaded is exactly what was hashed. Host libraries are opened through
+`/proc/self/fd/N` of the descriptor their bytes were read from, CUDA images from those bytes;
+device runtimes (libcuda, libascendcl) are opened only when a device artifact is loaded, so
+building never needs a driver and a missing one is a DeviceUnavailableError, not an import error.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import importlib.machinery
 import importlib.util
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,36 +19,72 @@ from types import ModuleType
 from typing import Any
 
 from .errors import DeviceUnavailableError, InvalidArgumentError, LoadError
+from .trust import PROC_FD, VerifiedFile
 
 __all__ = ["load_pybind11", "load_ctypes", "CudaModule", "CudaFunction", "AscendBinary", "cuda_driver"]
 
+# Host libraries loaded in this process, by (device, inode) of the verified file. The dynamic
+# linker remembers every library by the name it was opened under and never forgets it, so the
+# descriptor behind a `/proc/self/fd/N` name is kept open for the life of the process: N is then
+# never reused for another file (which dlopen would mistake for this one). A loaded file's inode
+# stays allocated while it is mapped, so a (device, inode) pair cannot name a second file either.
+_host_lock = threading.Lock()
+_host_libraries: dict[tuple[str, str, int, int], Any] = {}
+_kept_descriptors: list[int] = []
 
-def load_pybind11(path: Path, module_name: str) -> ModuleType:
-    """Import the extension module at `path` without registering it in sys.modules.
+
+def _lasting_name(image: VerifiedFile) -> str:
+    """A `/proc/self/fd/N` name for the verified inode that stays valid for the whole process."""
+    if not os.path.isdir(PROC_FD):
+        raise LoadError(
+            f"cannot load {image.path}: deepjit loads host libraries through {PROC_FD} (so that what runs "
+            "is exactly what was verified) and this system has no /proc; mount procfs"
+        )
+    kept = os.dup(image.fd)
+    _kept_descriptors.append(kept)
+    return f"{PROC_FD}/{kept}"
+
+
+def load_pybind11(image: VerifiedFile, module_name: str) -> ModuleType:
+    """Import the verified extension module without registering it in sys.modules.
 
     Keeping it out of sys.modules lets several specializations that share one module name live
-    side by side in a process (each file is a separate dlopen handle).
+    side by side in a process (each file is a separate dlopen handle). The same file loaded again
+    (from another JitContext) gives the module object already made.
     """
-    loader = importlib.machinery.ExtensionFileLoader(module_name, str(path))
-    spec = importlib.util.spec_from_file_location(module_name, str(path), loader=loader)
-    if spec is None:
-        raise LoadError(f"cannot create an import spec for {path}")
-    try:
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-    except ImportError as exc:
-        raise LoadError(
-            f"cannot import pybind11 module {module_name!r} from {path}: {exc}. The source must define "
-            "PYBIND11_MODULE(DEEPJIT_MODULE_NAME, m) (deepjit defines the macro to the compile name)"
-        ) from exc
-    return module
+    key = ("pybind11", module_name, image.device, image.inode)
+    with _host_lock:
+        if key in _host_libraries:
+            return _host_libraries[key]
+        name = _lasting_name(image)
+        loader = importlib.machinery.ExtensionFileLoader(module_name, name)
+        spec = importlib.util.spec_from_file_location(module_name, name, loader=loader)
+        if spec is None:
+            raise LoadError(f"cannot create an import spec for {image.path}")
+        try:
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+        except ImportError as exc:
+            raise LoadError(
+                f"cannot import pybind11 module {module_name!r} from {image.path}: {exc}. The source must define "
+                "PYBIND11_MODULE(DEEPJIT_MODULE_NAME, m) (deepjit defines the macro to the compile name)"
+            ) from exc
+        _host_libraries[key] = module
+        return module
 
 
-def load_ctypes(path: Path) -> ctypes.CDLL:
-    try:
-        return ctypes.CDLL(str(path))
-    except OSError as exc:
-        raise LoadError(f"cannot load shared library {path}: {exc}") from exc
+def load_ctypes(image: VerifiedFile) -> ctypes.CDLL:
+    """dlopen the verified library; each call returns its own CDLL over the one handle."""
+    key = ("ctypes", "", image.device, image.inode)
+    with _host_lock:
+        first = _host_libraries.get(key)
+        if first is None:
+            try:
+                first = ctypes.CDLL(_lasting_name(image))
+            except OSError as exc:
+                raise LoadError(f"cannot load shared library {image.path}: {exc}") from exc
+            _host_libraries[key] = first
+    return ctypes.CDLL(str(image.path), handle=first._handle)
 
 
 # --- CUDA driver API through ctypes -------------------------------------------------------------
@@ -179,9 +218,12 @@ class CudaModule:
 
 
 class AscendBinary:
-    """An Ascend kernel object loaded with aclrtBinaryLoadFromFile; functions by kernel name."""
+    """An Ascend kernel object loaded with aclrtBinaryLoadFromFile; functions by kernel name.
 
-    def __init__(self, path: Path) -> None:
+    `load_from` is the name the runtime reads (the verified descriptor's /proc path); `path` is
+    where the object lives in the cache."""
+
+    def __init__(self, path: Path, load_from: str | None = None) -> None:
         self.path = path
         try:
             self._lib = ctypes.CDLL("libascendcl.so")
@@ -192,7 +234,8 @@ class AscendBinary:
                 "deepjit.compile_to_path(...) to only build"
             ) from exc
         self.handle = ctypes.c_void_p()
-        code = self._lib.aclrtBinaryLoadFromFile(str(path).encode(), None, ctypes.byref(self.handle))
+        source = load_from if load_from is not None else str(path)
+        code = self._lib.aclrtBinaryLoadFromFile(source.encode(), None, ctypes.byref(self.handle))
         if code != 0:
             raise LoadError(f"aclrtBinaryLoadFromFile({path}) failed with aclError {code}")
 

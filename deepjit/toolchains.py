@@ -17,12 +17,13 @@ import threading
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from . import loader
 from .env import Environment
 from .errors import InvalidArgumentError, ToolchainNotFoundError
 from .formats import ArtifactFormat
+from .trust import VerifiedFile
 
 __all__ = ["ToolchainName", "Request", "Tool", "Toolchain", "get_toolchain", "TOOLCHAINS", "compiler_identity"]
 
@@ -88,9 +89,17 @@ _identity_lock = threading.Lock()
 _identities: dict[tuple[str, tuple[int, int, int]], str] = {}
 
 
-def compiler_identity(path: str, cache_dir: Path | None = None) -> str:
-    """The `--version` output of a program, memoized by its real path and stat (and on disk in
-    `cache_dir` when given), so a fresh process does not pay a subprocess per cache hit."""
+class IdentityStore(Protocol):
+    """Where `--version` outputs are remembered between processes (the cache's .compilers/ folder)."""
+
+    def get(self, key: str) -> str | None: ...
+
+    def put(self, key: str, text: str) -> None: ...
+
+
+def compiler_identity(path: str, store: IdentityStore | None = None) -> str:
+    """The `--version` output of a program, memoized by its real path and stat (and in `store`
+    when given), so a fresh process does not pay a subprocess per cache hit."""
     real = os.path.realpath(path)
     st = os.stat(real)
     stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -98,18 +107,12 @@ def compiler_identity(path: str, cache_dir: Path | None = None) -> str:
     with _identity_lock:
         if memo_key in _identities:
             return _identities[memo_key]
-    disk_file = None
-    if cache_dir is not None:
-        name = hashlib.sha256(repr(memo_key).encode()).hexdigest()[:32]
-        disk_file = cache_dir / f"{name}.txt"
-        try:
-            text = disk_file.read_text(encoding="utf-8")
-        except OSError:
-            text = None
-        if text is not None:
-            with _identity_lock:
-                _identities[memo_key] = text
-            return text
+    store_key = hashlib.sha256(repr(memo_key).encode()).hexdigest()[:32]
+    text = store.get(store_key) if store is not None else None
+    if text is not None:
+        with _identity_lock:
+            _identities[memo_key] = text
+        return text
     import subprocess
 
     try:
@@ -123,14 +126,8 @@ def compiler_identity(path: str, cache_dir: Path | None = None) -> str:
             f"{path!r} --version exited with status {completed.returncode}; is it a compiler?\n{completed.stdout}"
         )
     text = completed.stdout.strip()
-    if disk_file is not None:
-        try:
-            disk_file.parent.mkdir(parents=True, exist_ok=True)
-            partial = disk_file.with_name(f"{disk_file.name}.{os.getpid()}.{threading.get_ident()}")
-            partial.write_text(text, encoding="utf-8")
-            os.replace(partial, disk_file)
-        except OSError:
-            pass
+    if store is not None:
+        store.put(store_key, text)
     with _identity_lock:
         _identities[memo_key] = text
     return text
@@ -170,7 +167,8 @@ class Toolchain:
     def commands(self, request: Request, spelling: Spelling) -> list[list[str]]:
         raise NotImplementedError
 
-    def load(self, path: Path, request: Request, image: bytes | None) -> Any:
+    def load(self, image: VerifiedFile, request: Request) -> Any:
+        """Load the artifact whose bytes `image` read and hashed (through its open descriptor)."""
         raise NotImplementedError
 
     def source_filename(self, request: Request) -> str:
@@ -241,10 +239,10 @@ class HostToolchain(Toolchain):
         command += [spelling.source, *request.flags, "-o", spelling.output]
         return [command]
 
-    def load(self, path: Path, request: Request, image: bytes | None) -> Any:
+    def load(self, image: VerifiedFile, request: Request) -> Any:
         if request.kind == "pybind11":
-            return loader.load_pybind11(path, request.name)
-        return loader.load_ctypes(path)
+            return loader.load_pybind11(image, request.name)
+        return loader.load_ctypes(image)
 
 
 def _pybind11() -> Any:
@@ -316,8 +314,8 @@ class CudaToolchain(Toolchain):
         command += [spelling.source, *request.flags, "-o", spelling.output]
         return [command]
 
-    def load(self, path: Path, request: Request, image: bytes | None) -> Any:
-        return loader.CudaModule(image if image is not None else path.read_bytes(), path=path)
+    def load(self, image: VerifiedFile, request: Request) -> Any:
+        return loader.CudaModule(image.data, path=image.path)
 
 
 _ASCEND_ARCH_RE = re.compile(r"^dav-[a-z0-9][a-z0-9-]*$")
@@ -367,8 +365,8 @@ class AscendToolchain(Toolchain):
         link_step = [spelling.tools["ld.lld"], "-m", "aicorelinux", "-Ttext=0", unlinked, "-static", "-o", spelling.output]
         return [compile_step, link_step]
 
-    def load(self, path: Path, request: Request, image: bytes | None) -> Any:
-        return loader.AscendBinary(path)
+    def load(self, image: VerifiedFile, request: Request) -> Any:
+        return loader.AscendBinary(image.path, load_from=image.proc_path)
 
 
 TOOLCHAINS: dict[str, Toolchain] = {

@@ -77,7 +77,9 @@ def make_script(tmp_path: Path) -> Callable[[str, str], Path]:
 def wrapped_gxx(make_script: Callable[[str, str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A g++ wrapper installed as DEEPJIT_CXX. It reports g++'s own --version (same compiler
     identity), logs each real compile to calls.log, and misbehaves while a control file exists:
-    `fail` -> exit 1, `hang` -> write half an output and sleep, `sleep` -> pause before compiling."""
+    `fail` -> exit 1, `hang` -> write half an output and sleep, `sleep` -> pause before compiling,
+    `wait` -> touch `started` and wait for `continue`, `rmcwd` -> delete its working folder once
+    (like a clean-up racing the build), `rmcwd_always` -> every time."""
     control = tmp_path / "control"
     control.mkdir()
     log = tmp_path / "calls.log"
@@ -88,6 +90,12 @@ def wrapped_gxx(make_script: Callable[[str, str], Path], tmp_path: Path, monkeyp
         echo compile >> {log}
         if [ -e {control}/fail ]; then echo "wrapper: forced failure" >&2; exit 1; fi
         if [ -e {control}/sleep ]; then sleep 0.5; fi
+        if [ -e {control}/wait ]; then
+            touch {control}/started
+            while [ ! -e {control}/continue ]; do sleep 0.01; done
+        fi
+        if [ -e {control}/rmcwd ]; then rm -f {control}/rmcwd; rm -rf "$(pwd -P)"; fi
+        if [ -e {control}/rmcwd_always ]; then rm -rf "$(pwd -P)"; fi
         if [ -e {control}/hang ]; then
             for last; do :; done
             head -c 100 /bin/sh > "$last"

@@ -1,4 +1,5 @@
-"""Concurrency: many processes on one key, killed builders, and single-flight threads."""
+"""Concurrency: many processes on one key (one compiles, the rest wait and load), killed builders and
+lock holders, and single-flight threads."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from conftest import ADD_SOURCE, entries, leftovers
 
 import deepjit
-from deepjit import cache
+from deepjit import cache, locks, maintenance
 
 WORKER = Path(__file__).with_name("jit_worker.py")
 PROCESSES = 8
@@ -55,6 +56,64 @@ def test_eight_processes_behind_a_barrier_all_succeed_with_one_entry(tmp_path, c
     assert leftovers(cache_root) == []
 
 
+def _run_barrier(tmp_path: Path, **popen) -> list[dict]:
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    workers = [_start_worker(barrier, i, **popen) for i in range(PROCESSES)]
+    _wait_for(lambda: len(list(barrier.glob("ready.*"))) == PROCESSES, "workers to be ready")
+    (barrier / "go").touch()
+    results = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=WAIT_S)
+        assert worker.returncode == 0, err
+        results.append(json.loads(out))
+    return results
+
+
+def test_eight_processes_on_one_key_compile_once_and_the_others_load_it(tmp_path, cache_root, wrapped_gxx):
+    wrapped_gxx.set("sleep")  # a 0.5 s compile: every worker asks while the first one builds
+    results = _run_barrier(tmp_path)
+    assert wrapped_gxx.calls() == 1
+    assert sorted(r["origin"] for r in results) == ["built"] + ["disk"] * (PROCESSES - 1)
+    assert {r["sum"] for r in results} == {5}
+    assert len(entries(cache_root, "race")) == 1 and leftovers(cache_root) == []
+
+
+def test_sigkilled_lock_holder_releases_the_lock_and_the_waiting_builder_proceeds(tmp_path, cache_root, wrapped_gxx):
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    (barrier / "go").touch()
+    wrapped_gxx.set("hang")
+    holder = _start_worker(barrier, 0, start_new_session=True)
+    try:
+        _wait_for(lambda: (wrapped_gxx.controls / "started").exists(), "the holder's compiler to start")
+        wrapped_gxx.set("hang", on=False)
+        waiter = _start_worker(barrier, 1, env={**os.environ, "DEEPJIT_VERBOSE": "1"})
+        time.sleep(1.0)
+        assert waiter.poll() is None and wrapped_gxx.calls() == 1  # waiting on the lock, not compiling
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # the holder and its compiler, mid-build
+        holder.communicate(timeout=WAIT_S)
+    out, err = waiter.communicate(timeout=WAIT_S)
+    assert waiter.returncode == 0, err
+    assert "waiting for another process building the same key" in err
+    assert json.loads(out)["origin"] == "built" and wrapped_gxx.calls() == 2
+    [entry] = entries(cache_root, "race")
+    assert cache.entry_problems(entry) is None
+
+
+def test_gc_removes_unheld_lock_files_only(cache_root):
+    jit = deepjit.JitContext()
+    held = jit.key("held", ADD_SOURCE, toolchain="host", kind="ctypes", defines={"OFFSET": 0})
+    jit.build("free", ADD_SOURCE, toolchain="host", kind="ctypes", defines={"OFFSET": 0})
+    folder = cache_root / cache.LOCKS_DIR
+    with cache.open_root(cache_root, False) as root, locks.key_lock(root, "held", held, False):
+        maintenance.gc([cache_root], tmp_max_age_s=0)
+        assert [p.name for p in folder.iterdir()] == [f"held.{held}.lock"]
+    maintenance.gc([cache_root], tmp_max_age_s=0)
+    assert list(folder.iterdir()) == []
+
+
 def test_builder_killed_mid_build_publishes_nothing_and_a_later_build_succeeds(tmp_path, cache_root, wrapped_gxx):
     barrier = tmp_path / "barrier"
     barrier.mkdir()
@@ -78,7 +137,7 @@ def test_builder_killed_mid_build_publishes_nothing_and_a_later_build_succeeds(t
     assert leftovers(cache_root) == [abandoned]  # young: could still be a live builder
     old = time.time() - 7200
     os.utime(abandoned, (old, old))
-    assert [path for path, _ in cache.gc([cache_root], tmp_max_age_s=3600).removed] == [abandoned]
+    assert [path for path, _ in maintenance.gc([cache_root], tmp_max_age_s=3600).removed] == [abandoned]
 
 
 def test_threads_on_one_key_share_a_single_build(wrapped_gxx):
