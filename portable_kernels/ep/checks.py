@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..checks import check_bool, check_device, check_int, check_tensor
 from ..contract import checks_values
 from ..errors import ContractError, format_problem
 from ..tensors import FP8_DTYPE, QuantTensor, describe
@@ -15,14 +16,11 @@ from .results import DispatchHandle
 
 
 def _check_positive_int(op: str, arg: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ContractError(format_problem(op, arg, repr(value), "a positive int", f"pass {arg} as a Python int >= 1"))
+    check_int(op, arg, value, 1, fix=f"pass {arg} as a Python int >= 1")
     return value
 
 
-def _check_bool(op: str, arg: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ContractError(format_problem(op, arg, repr(value), "a bool", "pass True or False"))
+_check_bool = check_bool
 
 
 def _check_num_experts(op: str, num_experts: Any, num_ranks: int) -> int:
@@ -45,21 +43,13 @@ def _check_per_rank(op: str, arg: str, value: Any, num_ranks: int | None = None)
 
 
 def _check_device(op: str, arg: str, t: torch.Tensor, device: torch.device) -> None:
-    if t.device != device:
-        raise ContractError(format_problem(op, arg, f"on {t.device}", f"on {device} like xs[0]",
-                                           "simulate every rank on one device (move the tensors there)"))
+    check_device(op, arg, t, device, like="xs[0]")
 
 
 def _check_tensor(op: str, arg: str, t: Any, dtypes: tuple[torch.dtype, ...], shape: tuple[int | None, ...],
                   device: torch.device | None, fix: str) -> torch.Tensor:
-    """t is a tensor of one of `dtypes` whose shape matches `shape` (None matches any size)."""
-    want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-    if not isinstance(t, torch.Tensor) or t.dtype not in dtypes:
-        raise ContractError(format_problem(op, arg, describe(t), f"a tensor of dtype {dtypes} shaped {want}", fix))
-    if t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape)):
-        raise ContractError(format_problem(op, arg, f"of shape {tuple(t.shape)}", f"shape {want}", fix))
-    if device is not None:
-        _check_device(op, arg, t, device)
+    """t is a tensor of one of `dtypes` whose shape matches `shape` (None matches any size); returns t."""
+    check_tensor(op, arg, t, dtypes, shape, device, fix)
     return t
 
 
