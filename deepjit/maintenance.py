@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from . import trust
 from .cache import COMPILERS_DIR, FAILED_DIR, LOCKS_DIR, TAG_FILE, TMP_DIR, Entry, inspect, iter_entries, move_aside
@@ -107,6 +107,20 @@ def _writable(root: Folder) -> bool:
     return os.access(".", os.W_OK | os.X_OK, dir_fd=root.fd)
 
 
+def _tagged_writable_roots(roots: Sequence[Path], pol: Any, what: str) -> Iterator[tuple[Path, Folder]]:
+    """Each root that exists, is safe, can be written and carries the cache tag, opened for `what`
+    (gc or clear), closed again once the caller moves on."""
+    for root_path in roots:
+        root = trust.open_root(root_path, pol)
+        if root is None:
+            continue
+        with root:
+            if not _writable(root):
+                continue
+            _require_tag(root, what)
+            yield root_path, root
+
+
 def gc(
     roots: Sequence[Path],
     *,
@@ -121,43 +135,36 @@ def gc(
     pol = trust.policy(shared)
     report = GcReport()
     now = time.time()
-    for root_path in roots:
-        root = trust.open_root(root_path, pol)
-        if root is None:
-            continue
-        with root:
-            if not _writable(root):
+    for root_path, root in _tagged_writable_roots(roots, pol, "gc"):
+        for path in _sweep(root, pol, tmp_max_age_s, dry_run):
+            report.removed.append((path, "stale temporary folder"))
+        alive: list[tuple[float, int, Entry]] = []
+        for entry in iter_entries(root_path):
+            reason, _ = inspect(root, entry, pol)
+            if reason is None and unused_for_s is not None and now - entry.last_used() > unused_for_s:
+                reason = "unused for longer than the limit"
+            if reason is None:
+                alive.append((entry.last_used(), entry.size(), entry))
                 continue
-            _require_tag(root, "gc")
-            for path in _sweep(root, pol, tmp_max_age_s, dry_run):
-                report.removed.append((path, "stale temporary folder"))
-            alive: list[tuple[float, int, Entry]] = []
-            for entry in iter_entries(root_path):
-                reason, _ = inspect(root, entry, pol)
-                if reason is None and unused_for_s is not None and now - entry.last_used() > unused_for_s:
-                    reason = "unused for longer than the limit"
-                if reason is None:
-                    alive.append((entry.last_used(), entry.size(), entry))
-                    continue
-                size = entry.size()
+            size = entry.size()
+            failure = None if dry_run else _remove_entry(root, entry, pol)
+            if failure is not None:
+                report.failed.append((entry.path, failure))
+                continue
+            report.freed_bytes += size
+            report.removed.append((entry.path, reason))
+        if max_bytes is not None:
+            total = sum(size for _, size, _ in alive)
+            for _, size, entry in sorted(alive, key=lambda item: item[0]):
+                if total <= max_bytes:
+                    break
                 failure = None if dry_run else _remove_entry(root, entry, pol)
                 if failure is not None:
                     report.failed.append((entry.path, failure))
                     continue
+                total -= size
                 report.freed_bytes += size
-                report.removed.append((entry.path, reason))
-            if max_bytes is not None:
-                total = sum(size for _, size, _ in alive)
-                for _, size, entry in sorted(alive, key=lambda item: item[0]):
-                    if total <= max_bytes:
-                        break
-                    failure = None if dry_run else _remove_entry(root, entry, pol)
-                    if failure is not None:
-                        report.failed.append((entry.path, failure))
-                        continue
-                    total -= size
-                    report.freed_bytes += size
-                    report.removed.append((entry.path, "least recently used beyond the size limit"))
+                report.removed.append((entry.path, "least recently used beyond the size limit"))
     return report
 
 
@@ -169,25 +176,18 @@ def clear(
     root remains a recognisable cache. What cannot be removed is logged as a warning and skipped."""
     pol = trust.policy(shared)
     removed = []
-    for root_path in roots:
-        root = trust.open_root(root_path, pol)
-        if root is None:
-            continue
-        with root:
-            if not _writable(root):
-                continue
-            _require_tag(root, "clear")
-            for entry in iter_entries(root_path):
-                if (name is None or entry.name == name) and (dry_run or _remove_entry(root, entry, pol) is None):
-                    removed.append(entry.path)
-            if name is None:
-                removed += _sweep(root, pol, None, dry_run)
-                compilers = root.path / COMPILERS_DIR
-                if os.path.lexists(compilers):
-                    removed.append(compilers)
-                    if not dry_run:
-                        with trust.guarded(compilers, "remove"):
-                            trust.remove_at(root.fd, COMPILERS_DIR)
+    for root_path, root in _tagged_writable_roots(roots, pol, "clear"):
+        for entry in iter_entries(root_path):
+            if (name is None or entry.name == name) and (dry_run or _remove_entry(root, entry, pol) is None):
+                removed.append(entry.path)
+        if name is None:
+            removed += _sweep(root, pol, None, dry_run)
+            compilers = root.path / COMPILERS_DIR
+            if os.path.lexists(compilers):
+                removed.append(compilers)
+                if not dry_run:
+                    with trust.guarded(compilers, "remove"):
+                        trust.remove_at(root.fd, COMPILERS_DIR)
     return removed
 
 

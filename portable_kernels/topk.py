@@ -70,14 +70,25 @@ def topk_reference(input: torch.Tensor, topk: int, end: torch.Tensor | None = No
         order = order.gather(1, torch.sort(slot_valid.gather(1, order).to(torch.int8), dim=1, descending=True,
                                            stable=True).indices)
         idx = idx.gather(1, order)
+    return fill_topk_outputs(input, idx, slot_valid, topk, indices_type, idx_oob_fill_value, value_oob_fill_value,
+                             return_value)
+
+
+def fill_topk_outputs(input: torch.Tensor, idx: torch.Tensor, slot_valid: torch.Tensor, topk: int,
+                      indices_type: torch.dtype, idx_oob_fill_value: int, value_oob_fill_value: float,
+                      return_value: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The contract's outputs from the selected columns: idx int64 [b, kk] (kk = min(topk, n), any
+    in-range column where a slot is not valid) and slot_valid bool [b, kk]; slots past kk and invalid
+    slots get the fill values. Shared by providers built from torch ops."""
+    b, kk = idx.shape
     if kk < topk:
         idx = torch.cat((idx, idx.new_zeros(b, topk - kk)), 1)
         slot_valid = torch.cat((slot_valid, slot_valid.new_zeros(b, topk - kk)), 1)
     indices = torch.where(slot_valid, idx, idx_oob_fill_value).to(indices_type)
     if not return_value:
         return None, indices
-    fill = torch.full((b, topk), value_oob_fill_value, dtype=input.dtype, device=device)
-    values = torch.where(slot_valid, input.gather(1, idx), fill) if n else fill
+    fill = torch.full((b, topk), value_oob_fill_value, dtype=input.dtype, device=input.device)
+    values = torch.where(slot_valid, input.gather(1, idx), fill) if input.shape[1] else fill
     return values, indices
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from portable_kernels.topk import fill_topk_outputs
+
 
 def topk_select(input: torch.Tensor, topk: int, end: torch.Tensor | None, sorted: bool, sorted_index: bool,
                 indices_type: torch.dtype, idx_oob_fill_value: int, value_oob_fill_value: float,
@@ -38,12 +40,5 @@ def topk_select(input: torch.Tensor, topk: int, end: torch.Tensor | None, sorted
     slot_valid = torch.arange(kk, device=device)[None, :] < count[:, None]
     if sorted_index and kk > 0 and b > 0:
         idx = torch.sort(torch.where(slot_valid, idx, n), dim=1).values.clamp_max(n - 1)
-    if kk < topk:
-        idx = torch.cat((idx, idx.new_zeros(b, topk - kk)), 1)
-        slot_valid = torch.cat((slot_valid, slot_valid.new_zeros(b, topk - kk)), 1)
-    indices = torch.where(slot_valid, idx, idx_oob_fill_value).to(indices_type)
-    if not return_value:
-        return None, indices
-    fill = torch.full((b, topk), value_oob_fill_value, dtype=input.dtype, device=device)
-    values = torch.where(slot_valid, input.gather(1, idx), fill) if n else fill
-    return values, indices
+    return fill_topk_outputs(input, idx, slot_valid, topk, indices_type, idx_oob_fill_value, value_oob_fill_value,
+                             return_value)
