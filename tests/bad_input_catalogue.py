@@ -325,6 +325,8 @@ bad(E, "layout expert >= E", "topk_idx")(lambda: pk.get_dispatch_layout(torch.te
 bad(E, "layout a repeated expert", "topk_idx")(lambda: pk.get_dispatch_layout(torch.tensor([[1, 1]]), 4, 2))
 bad(E, "dispatch expert_alignment 0", "expert_alignment")(
     lambda: pk.simulate_dispatch([rnd(2, 8)], [torch.tensor([[0], [1]])], num_experts=2, expert_alignment=0))
+bad(E, "low-latency dispatch buffers larger than memory", "num_max_dispatch_tokens_per_rank")(
+    lambda: pk.simulate_low_latency_dispatch([rnd(2, 128)], [torch.tensor([[0], [1]])], 10**9, 2))
 bad(E, "low-latency dispatch NaN with round_scale", "xs[0]")(
     lambda: pk.simulate_low_latency_dispatch([_nan(2, 128)], [torch.tensor([[0], [1]])], 4, 2, round_scale=True))
 

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import attrs
 import torch
 
+from ..checks import check_allocation
 from ..contract import OpContract, Tolerance, public_op, register_contract
 from ..dispatch import run
 from ..errors import ContractError, format_problem
@@ -161,6 +162,9 @@ def simulate_low_latency_dispatch(xs: Sequence[torch.Tensor], topk_idx: Sequence
             raise ContractError(format_problem(op, f"xs[{r}]", f"holding {x.shape[0]} tokens",
                                                f"at most num_max_dispatch_tokens_per_rank = {max_tokens}",
                                                "raise num_max_dispatch_tokens_per_rank or send fewer tokens"))
+    # every rank receives [experts / R, M * R, hidden] rows: R such buffers live in this process
+    check_allocation(op, "num_max_dispatch_tokens_per_rank", experts * max_tokens * num_ranks * data[0].shape[1],
+                     data[0].element_size(), data[0].device, "pass the real maximum of tokens a rank dispatches")
     if use_fp8 and data[0].shape[1] % SCALE_BLOCK:
         raise ContractError(format_problem(op, "xs[0]", f"of hidden {data[0].shape[1]}",
                                            f"hidden divisible by {SCALE_BLOCK} with use_fp8",
