@@ -113,6 +113,8 @@ class Inputs:
                 out.append(value)
             elif kind == 2:
                 out.append(value.signature)
+            elif kind == 4 and len(value) == 2 and type(value[0]) is int and type(value[1]) is int:
+                out.append(value)  # a granularity
             else:
                 out.append(_signature_of(value))
         return tuple(out)

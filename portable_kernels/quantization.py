@@ -138,6 +138,10 @@ def consumer(prepare_for: str | Callable[..., Any] | None, arg: str) -> OpContra
     if prepare_for is None:
         return None
     try:
+        return _CONSUMERS[(prepare_for, arg)]
+    except (KeyError, TypeError):  # TypeError: an unhashable prepare_for, refused below
+        pass
+    try:
         target = get_contract(prepare_for)
     except ContractError as exc:
         raise ContractError(f"argument 'prepare_for': {exc}") from None
@@ -145,7 +149,12 @@ def consumer(prepare_for: str | Callable[..., Any] | None, arg: str) -> OpContra
         known = ", ".join(qa.name for qa in target.quant_args) or "none"
         raise ContractError(format_problem("prepare_for", "arg", repr(arg), f"a quantized argument of {target.name} "
                                            f"({known})", f"pass arg= one of {known}"))
+    _CONSUMERS[(prepare_for, arg)] = target
     return target
+
+
+#: (prepare_for, arg) -> the consumer's contract, once checked
+_CONSUMERS: dict[tuple[Any, str], OpContract] = {}
 
 
 def quantized_result(contract: OpContract, make: Callable[[Format], Inputs], shape: tuple[int, ...],

@@ -113,9 +113,13 @@ class QuantTensor:
         or produced (a raw tuple's validated parts; a quantizer provider's outputs, which
         conformance checks against the references): the hot path of activations."""
         qt = object.__new__(cls)
-        for name, value in (("data", data), ("scale", scale), ("granularity", granularity), ("ue8m0", ue8m0),
-                            ("element", element), ("signature", ("quant", granularity, ue8m0, element, data.device))):
-            object.__setattr__(qt, name, value)
+        s = _QUANT_SLOTS  # the frozen class's slot setters
+        s["data"](qt, data)
+        s["scale"](qt, scale)
+        s["granularity"](qt, granularity)
+        s["ue8m0"](qt, ue8m0)
+        s["element"](qt, element)
+        s["signature"](qt, ("quant", granularity, ue8m0, element, data.device))
         return qt
 
     @staticmethod
@@ -189,12 +193,18 @@ class PreparedTensor:
         """A PreparedTensor without the Format check, for bytes the library has just produced (an
         encode, a provider writing a Format, a decode): the hot path of prepared activations."""
         p = object.__new__(cls)
-        values = (("data", data), ("scale", scale), ("format", format), ("backend", backend), ("shape", shape),
-                  ("granularity", granularity), ("storage_granularity", storage_granularity), ("ue8m0", ue8m0),
-                  ("element", element), ("params", params),
-                  ("signature", ("prepared", backend, format.name, params, element, data.dtype, data.device)))
-        for name, value in values:
-            object.__setattr__(p, name, value)
+        s = _PREPARED_SLOTS  # the frozen class's slot setters (no per-field __setattr__ dispatch)
+        s["data"](p, data)
+        s["scale"](p, scale)
+        s["format"](p, format)
+        s["backend"](p, backend)
+        s["shape"](p, shape)
+        s["granularity"](p, granularity)
+        s["storage_granularity"](p, storage_granularity)
+        s["ue8m0"](p, ue8m0)
+        s["element"](p, element)
+        s["params"](p, params)
+        s["signature"](p, ("prepared", backend, format.name, params, element, data.dtype, data.device))
         return p
 
     @property
@@ -216,6 +226,15 @@ class PreparedTensor:
             f"{self.scale.dtype} {tuple(self.scale.shape)} strides {self.scale.stride()}")
         return (f"PreparedTensor({self.tag}, logical {self.element} {tuple(self.shape)}, "
                 f"data {self.data.dtype} {tuple(self.data.shape)}, scale {scale}, device={self.device})")
+
+
+def _slot_setters(cls: type) -> dict[str, Any]:
+    """field -> the slot descriptor's __set__ of a frozen attrs class (writes without __setattr__)."""
+    return {a.name: cls.__dict__[a.name].__set__ for a in attrs.fields(cls)}
+
+
+_PREPARED_SLOTS = _slot_setters(PreparedTensor)
+_QUANT_SLOTS = _slot_setters(QuantTensor)
 
 
 def _positive_pair(value: Any) -> bool:
