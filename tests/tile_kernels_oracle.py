@@ -34,8 +34,9 @@ def e2m1_codes(q: torch.Tensor) -> torch.Tensor:
 
 
 def tile_cast(x: torch.Tensor, fmt: str, block: tuple[int, int], round_sf: bool = False,
-              clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(data, fp32 sf [ceil(M/bm), ceil(K/bk)]): fp8 data, or int8 [M, K/2] packed E2M1 for 'e2m1'."""
+              clamp_min: float | None = None, sf: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, fp32 sf [ceil(M/bm), ceil(K/bk)]): fp8 data, or int8 [M, K/2] packed E2M1 for 'e2m1'.
+    With `sf` given (TileKernels' precomputed scales) data = x · (1 / sf)."""
     m, k = x.shape
     bm, bk = block
     rows, cols = -(-m // bm), -(-k // bk)
@@ -45,10 +46,13 @@ def tile_cast(x: torch.Tensor, fmt: str, block: tuple[int, int], round_sf: bool 
     amax = padded.view(rows, bm, cols, bk).abs().amax(dim=(1, 3))
     amax = torch.maximum(amax, torch.tensor(FLOORS[fmt] if clamp_min is None else clamp_min, dtype=torch.float32))
     top = torch.full_like(amax, MAXIMA[fmt])
-    sf = amax / top
-    inv = torch.ones_like(sf) / round_up_pow2(sf) if round_sf else top / amax
-    if round_sf:
-        sf = round_up_pow2(sf)
+    if sf is not None:
+        inv = torch.ones_like(sf) / sf
+    else:
+        sf = amax / top
+        inv = torch.ones_like(sf) / round_up_pow2(sf) if round_sf else top / amax
+        if round_sf:
+            sf = round_up_pow2(sf)
     inv_full = inv.repeat_interleave(bm, 0).repeat_interleave(bk, 1)[:m, :k]
     q = xf * inv_full
     if fmt == "e4m3":
@@ -80,3 +84,22 @@ def near_midpoints(rows: int, cols: int, fmt: str, seed: int) -> torch.Tensor:
     x = nudged.view(torch.float32) * torch.where(torch.rand(rows, cols, generator=g) < 0.5, -1.0, 1.0)
     x[:, 0] = amax[:, 0]
     return x
+
+
+def packed_words(sf: torch.Tensor) -> torch.Tensor:
+    """int32 [rows, ceil(kb/4)]: word (m, p) = e[m][4p] | e[m][4p+1] << 8 | ... with e = the fp32
+    exponent byte of each (power-of-two) scale; missing trailing exponents are 0."""
+    e = (sf.contiguous().view(torch.int32) >> 23) & 0xFF
+    rows, kb = e.shape
+    words = -(-kb // 4)
+    padded = torch.zeros(rows, words * 4, dtype=torch.int64)
+    padded[:, :kb] = e
+    shifts = torch.tensor([0, 8, 16, 24])
+    return (padded.view(rows, words, 4) << shifts).sum(-1).to(torch.uint32).view(torch.int32)
+
+
+def tile_swiglu(x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """TileKernels' fp32 SwiGLU formula: gate / (1 + exp(-gate)) · up (· row weight)."""
+    gate, up = x.float().chunk(2, dim=-1)
+    out = gate / (1.0 + torch.exp(-gate)) * up
+    return out if weights is None else out * weights[:, None]
