@@ -24,6 +24,7 @@ from .contract import OpContract, Tolerance, checks_values, public_op, register_
 from .dispatch import run
 from .errors import ContractError, format_problem
 from .layouts.constants import FP4_E2M1_MAX, FP8_E4M3_MAX, SCALE_AMAX_FLOOR
+from .layouts.errors import LayoutConversionError
 from .layouts.fp4 import e2m1_encode, pack_e2m1
 from .layouts.ue8m0 import ceil_to_ue8m0
 from .providers import Inputs
@@ -98,9 +99,20 @@ class BlockCastInputs(Inputs):
         return {"M": self.x.shape[0], "K": self.x.shape[1], "bm": self.block[0], "bk": self.block[1]}
 
 
+def nonfinite_error() -> ContractError:
+    """The contract's error for NaN/Inf input where E2M1 codes or power-of-two scales cannot carry it."""
+    return ContractError(format_problem("block_cast", "x", "a tensor with NaN or Inf values", "finite values",
+                                        "E2M1 codes and power-of-two scales cannot carry NaN/Inf; clean the input "
+                                        "before casting"))
+
+
 def block_cast_kernel(call: BlockCastInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference kernel of block_cast."""
-    return block_cast_reference(call.x, call.block, call.element, call.round_sf, call.clamp_min, call.sf)
+    """Reference kernel of block_cast (the layouts refuse NaN/Inf codes and scales; that refusal
+    becomes the contract's error)."""
+    try:
+        return block_cast_reference(call.x, call.block, call.element, call.round_sf, call.clamp_min, call.sf)
+    except LayoutConversionError as exc:
+        raise nonfinite_error() from exc
 
 
 BLOCK_CAST = register_contract(OpContract(
@@ -152,11 +164,8 @@ def block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], round_sf:
     """
     op = BLOCK_CAST.name
     block = _check_args(op, x, fmt, block_size, round_sf, clamp_min, sf)
-    if (fmt == "e2m1" or round_sf) and sf is None and checks_values(x) and x.numel() \
-            and not bool(torch.isfinite(x).all()):
-        raise ContractError(format_problem(op, "x", "a tensor with NaN or Inf values", "finite values",
-                                           "E2M1 codes and power-of-two scales cannot carry NaN/Inf; clean the "
-                                           "input before casting"))
+    if fmt == "e2m1" and checks_values(x) and x.numel() and not bool(torch.isfinite(x).all()):
+        raise nonfinite_error()  # also found by every provider; checked here before any work (as the FP4 cast)
     floor = float(DEFAULT_CLAMP_MIN[fmt] if clamp_min is None else clamp_min)
     data, scale = run(BLOCK_CAST, BlockCastInputs(x, block, fmt, round_sf, floor, sf))
     return QuantTensor.unchecked(data, scale, block, round_sf and sf is None, fmt)

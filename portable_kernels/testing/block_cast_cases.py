@@ -51,10 +51,11 @@ def _check_clamp_min(seed, device) -> float:
     return 0.0
 
 
-def _refuse_nan_fp4(seed, device) -> float:
+def _refuse_nonfinite(fmt, round_sf, seed, device) -> float:
     x = randn(4, 64, seed=seed, device=device)
     x[1, 3] = float("nan")
-    return assert_refused(lambda: block_cast(x, "e2m1", (1, 32)), "x", x)
+    x[2, 40] = float("inf")
+    return assert_refused(lambda: block_cast(x, fmt, (1, 32), round_sf), "x", x)
 
 
 @conformance_cases("block_cast")
@@ -70,5 +71,7 @@ def block_cast_cases(quick: bool) -> list[Case]:
         cases.append(Case("block_cast", f"given scales fmt={fmt}", 7100, functools.partial(_check_given_scales, fmt,
                                                                                             7100)))
     cases.append(Case("block_cast", "clamp_min above every amax", 7110, functools.partial(_check_clamp_min, 7110)))
-    cases.append(Case("block_cast", "refuses NaN for e2m1", 7120, functools.partial(_refuse_nan_fp4, 7120)))
+    for fmt, round_sf in (("e2m1", False), ("e4m3", True)):
+        cases.append(Case("block_cast", f"refuses NaN/Inf fmt={fmt} round_sf={round_sf}", 7120,
+                          functools.partial(_refuse_nonfinite, fmt, round_sf, 7120)))
     return cases
