@@ -55,6 +55,7 @@ SIGNATURES = {
                                                 "round_sf=False use_packed_ue8m0=False",
     "quant.per_channel_cast": "x fmt num_per_tokens round_sf=False",
     "quant.per_channel_cast_and_transpose": "x fmt num_per_tokens round_sf=False",
+    "quant.per_channel_cast_fused": "x fmt num_per_tokens round_sf=False num_per_channels=None pos_to_token=None",
     "quant.cast_back": "x fmt x_block_size x_special_fmt=None",
     "quant.per_token_cast_back": "x fmt num_per_channels x_special_fmt=None",
     "quant.swiglu_forward_and_per_token_cast": "x fmt num_per_channels pos_to_token_topk=None topk_weights=None "
@@ -188,6 +189,20 @@ def test_per_channel_cast(round_sf):
     t_data, t_sf = tile_kernels.quant.per_channel_cast_and_transpose(x, "e4m3", 128, round_sf)
     assert t_data.is_contiguous() and torch.equal(t_data.view(torch.uint8), data.t().view(torch.uint8))
     assert torch.equal(t_sf, sf)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_per_channel_cast_fused(quantized):
+    torch.manual_seed(4)
+    x = torch.randn(96, 512, dtype=torch.bfloat16)
+    pos_to_token = torch.randint(-1, 96, (256,), dtype=torch.int32)
+    source = tile_kernels.quant.per_token_cast(x, "e4m3", 128) if quantized else x
+    data, sf = tile_kernels.quant.per_channel_cast_fused(source, "e4m3", 128, False, 128 if quantized else None,
+                                                         pos_to_token)
+    values = tile_kernels.quant.per_token_cast_back(source, "fp32", 128) if quantized else x.float()
+    gathered = torch.where((pos_to_token >= 0)[:, None], values[pos_to_token.long().clamp(min=0)], 0.0)
+    want, want_sf = tile_cast(gathered, "e4m3", (128, 1))
+    assert torch.equal(data.view(torch.uint8), want.view(torch.uint8)) and torch.equal(sf, want_sf)
 
 
 def test_scale_storage_is_the_sm90_and_sm100_formats_for_per_token_scales():

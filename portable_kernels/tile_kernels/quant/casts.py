@@ -127,6 +127,34 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
     return data.t().contiguous(), sf
 
 
+def per_channel_cast_fused(x: Any, fmt: str, num_per_tokens: int, round_sf: bool = False,
+                           num_per_channels: Optional[int] = None, pos_to_token: Optional[torch.Tensor] = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_channel_cast of x, where x may be a quantized pair (data, sf) with per-(1, num_per_channels)
+    scales (dequantized first), and the rows may be gathered first: row r of the cast input is
+    x[pos_to_token[r]], or zeros where pos_to_token[r] is -1 (int32 [P])."""
+    op = "per_channel_cast_fused"
+    _fp8_only(op, fmt, num_per_tokens)
+    quantized = isinstance(x, (tuple, list))
+    if quantized and num_per_channels is None:
+        raise ContractError(format_problem(op, "num_per_channels", "None for a quantized x",
+                                           "the input's scale block width", "pass e.g. num_per_channels=128"))
+    values = dequantized_input(op, x, (1, num_per_channels)) if quantized else x
+    if pos_to_token is not None:
+        if not (isinstance(pos_to_token, torch.Tensor) and pos_to_token.dtype == torch.int32
+                and pos_to_token.dim() == 1 and isinstance(values, torch.Tensor) and values.dim() == 2):
+            raise ContractError(format_problem(op, "pos_to_token", describe(pos_to_token), "int32 [P] row indices "
+                                               "(-1 = zero row)", "pass get_fused_mapping's pos_to_token"))
+        if pos_to_token.numel() and int(pos_to_token.max()) >= values.shape[0]:
+            raise ContractError(format_problem(op, "pos_to_token", "pointing past the rows of x",
+                                               f"values < {values.shape[0]}", "pass the mapping built for x"))
+        # a gather (data movement): the cast input's rows in the expanded order
+        rows = values.index_select(0, pos_to_token.clamp(min=0).long())
+        values = torch.where((pos_to_token >= 0)[:, None], rows, torch.zeros((), dtype=rows.dtype,
+                                                                             device=rows.device))
+    return _cast(op, values, fmt, (num_per_tokens, 1), None, False, round_sf, False)
+
+
 def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tuple[int, int],
               x_special_fmt: Optional[str] = None) -> torch.Tensor:
     """Dequantize TileKernels' (data, sf) pair to bf16 or fp32 (fmt 'bf16' / 'fp32'): data · sf in fp32."""
