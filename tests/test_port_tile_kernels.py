@@ -408,3 +408,18 @@ def test_config_and_transpose():
     x = torch.randn(3, 64, 128)
     assert torch.equal(tile_kernels.transpose.batched_transpose(x), x.transpose(1, 2))
     assert tile_kernels.transpose.transpose(x[0]).is_contiguous()
+
+
+def test_porting_doc_tables_and_snippet_match_the_module():
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "docs" / "porting.md").read_text()
+    section = text.split("## TileKernels", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    listed = {name: row for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    provided = {name for name, row in listed.items() if "not provided:" not in row.split("|")[2][:20]}
+    ported = {name.split(".")[1] for name in SIGNATURES}
+    assert provided == ported and len(listed) == 33
+    assert f"Provided: {len(provided)} of {len(listed)} names" in section
+    after = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0].split("# after", 1)[1]
+    exec(after, {})
