@@ -5,6 +5,7 @@ Public API: quantization (per_token_cast_to_fp8, per_block_cast_to_fp8, dequanti
 strict layout mode and the implicit-conversion counter, the value types and the errors.
 """
 
+from .block_cast import block_cast
 from .contract import OpContract, QuantArg, Tolerance, contracts, get_contract
 from .conversions import (ImplicitConversionWarning, count_implicit_conversions, implicit_conversions,
                           reset_implicit_conversions, strict_layouts)
@@ -20,13 +21,15 @@ from .grouped_gemm import (get_m_alignment_for_contiguous_layout, m_grouped_bf16
                            m_grouped_bf16_gemm_nt_masked, m_grouped_fp8_gemm_nt_contiguous,
                            m_grouped_fp8_gemm_nt_masked)
 from .mla import MlaMetadata, flash_mla_with_kvcache, get_mla_metadata
-from .moe_routing import (FusedMapping, expand_to_fused, expand_to_fused_with_sf, get_fused_mapping, normalize_weight,
-                          reduce_fused, top2_sum_gate)
+from .moe_routing import (FusedMapping, aux_fi, expand_to_fused, expand_to_fused_with_sf, get_fused_mapping, group_count,
+                          inplace_unique_group_indices, map_to_physical_experts, mask_indices_by_tp, normalize_weight,
+                          reduce_fused, top2_sum_gate, topk_gate, topk_sum_and_topk_group_idx)
 from .numerics import calc_diff
 from .prepare import prepare_inputs
 from .providers import Inputs, Limit, Provider
 from .quantization import dequantize, per_block_cast_to_fp8, per_token_cast_to_fp8
 from .registry import Backend, Registry, available_backends, registry, use_backend
+from .swiglu import swiglu_forward
 from .tensors import LayoutTag, PreparedTensor, QuantTensor
 from .topk import topk
 
@@ -38,6 +41,8 @@ __all__ = [
     "simulate_low_latency_dispatch",
     "FusedMapping", "expand_to_fused", "expand_to_fused_with_sf", "get_fused_mapping", "normalize_weight",
     "reduce_fused", "top2_sum_gate", "topk",
+    "aux_fi", "group_count", "inplace_unique_group_indices", "map_to_physical_experts", "mask_indices_by_tp",
+    "topk_gate", "topk_sum_and_topk_group_idx", "block_cast", "swiglu_forward",
     "fp8_fp4_gemm_nt", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast",
     "get_m_alignment_for_contiguous_layout", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",

@@ -107,6 +107,16 @@ def _use(backend: str, fn: Callable[[], Any], **options: Any) -> Any:
         return fn()
 
 
+bad(Q, "block_cast fmt e5m6", "fmt")(lambda: pk.block_cast(rnd(4, 64), "e5m6", (1, 32)))
+bad(Q, "block_cast block of 3 edges", "block_size")(lambda: pk.block_cast(rnd(4, 64), "e4m3", (1, 32, 2)))
+bad(Q, "block_cast odd K for e2m1", "x")(lambda: pk.block_cast(rnd(4, 63), "e2m1", (1, 32)))
+bad(Q, "block_cast NaN for e2m1", "x")(lambda: pk.block_cast(_nan(4, 64), "e2m1", (1, 32)))
+bad(Q, "block_cast given scales of a wrong shape", "sf")(
+    lambda: pk.block_cast(rnd(4, 64), "e4m3", (1, 32), sf=torch.ones(4, 3)))
+bad(Q, "swiglu_forward odd last dim", "x")(lambda: pk.swiglu_forward(rnd(4, 7)))
+bad(Q, "swiglu_forward counts without a clamp", "clamped_count")(
+    lambda: pk.swiglu_forward(rnd(4, 8), clamped_count=torch.zeros(3, dtype=torch.int64)))
+
 # -- GEMM ----------------------------------------------------------------------------------------------
 G = "gemm"
 bad(G, "a a plain tensor", "a")(lambda: pk.fp8_gemm_nt(rnd(4, 256), _b(), _d()))
@@ -314,6 +324,25 @@ bad(R, "reduce weights of a wrong shape", "topk_weights")(
     lambda: pk.reduce_fused(torch.ones(12, 8), torch.ones(2, 3), _mapping()))
 bad(R, "reduce out of a wrong dtype", "out")(
     lambda: pk.reduce_fused(torch.ones(12, 8), None, _mapping(), out=torch.empty(2, 8, dtype=torch.float16)))
+
+bad(R, "gate fix_routing_mask without unmapped_topk_idx", "unmapped_topk_idx")(
+    lambda: _gate(fix_routing_mask=torch.ones(4, dtype=torch.bool)))
+bad(R, "gate to_physical_map without logical_count", "logical_count")(
+    lambda: _gate(to_physical_map=torch.zeros(16, 2, dtype=torch.int32)))
+bad(R, "gate tp_rank outside num_tp_ranks", "tp_rank")(lambda: _gate(num_tp_ranks=2, tp_rank=2))
+bad(R, "topk_gate k > E", "num_topk")(lambda: pk.topk_gate(rnd(3, 8), 9))
+bad(R, "topk_gate NaN", "scores")(lambda: pk.topk_gate(_nan(3, 8), 2))
+bad(R, "group select 2-D scores", "scores")(lambda: pk.topk_sum_and_topk_group_idx(rnd(3, 8), 2, 2))
+bad(R, "group select num_topk_sum > P", "num_topk_sum")(lambda: pk.topk_sum_and_topk_group_idx(rnd(3, 4, 2), 3, 2))
+bad(R, "group_count id >= num_groups", "group_idx")(lambda: pk.group_count(torch.tensor([[0, 5]]), 4))
+bad(R, "aux_fi num_aux_topk 0", "num_aux_topk")(lambda: pk.aux_fi(torch.tensor([[0, 1]]), 4, 0))
+bad(R, "mask_indices_by_tp n not a multiple of the EP ranks", "n")(
+    lambda: pk.mask_indices_by_tp(torch.tensor([[0, 1]]), 10, 4, 0, 2))
+bad(R, "unique group indices float", "group_indices")(
+    lambda: pk.inplace_unique_group_indices(torch.ones(2, 3), 4))
+bad(R, "physical map count past the replicas", "logical_count")(
+    lambda: pk.map_to_physical_experts(torch.tensor([[0, 1]]), torch.zeros(2, 2, dtype=torch.int32),
+                                       torch.tensor([1, 3], dtype=torch.int32)))
 
 
 # -- expert parallelism ---------------------------------------------------------------------------------------

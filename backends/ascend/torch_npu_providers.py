@@ -56,6 +56,17 @@ NOT_MAPPED = {
     "reduce_fused": "npu_moe_finalize_routing (Atlas A2 only) has no -1 slots and another row order",
     "normalize_weight": "no CANN operator for it (a division by the row sum)",
     "get_dispatch_layout": "the HCCL dispatch ops (npu_moe_distribute_*) compute it internally; not mapped",
+    # TileKernels' ops (portable_kernels.tile_kernels): none checked against a CANN operator yet
+    "block_cast": "npu_dynamic_quant / npu_dynamic_mx_quant compute data as x / scale with their own scale rules, "
+                  "not TileKernels' x * (max / amax) with its amax floors",
+    "swiglu_forward": "no torch_npu op checked against this contract (fp32 SwiGLU with row weights and clamp counts)",
+    "topk_gate": "no torch_npu op documented to rank ties to the smaller index",
+    "topk_sum_and_topk_group_idx": "npu_moe_gating_top_k selects groups only inside its full gate",
+    "group_count": "no CANN operator for it (a bincount)",
+    "aux_fi": "no CANN operator for it (a bincount and one division)",
+    "mask_indices_by_tp": "no CANN operator for it (integer arithmetic on expert ids)",
+    "inplace_unique_group_indices": "no CANN operator for it",
+    "map_to_physical_experts": "no CANN operator for it (a table lookup with TileKernels' replica hash)",
 }
 #: the expert-parallel simulations (simulate_*) are single-process contracts without a device kernel
 #: anywhere; the ascend backend registers nothing for them, like the other backends
@@ -295,6 +306,8 @@ def _gate_reasons(inputs: Any) -> list[str]:
         reasons.append(f"npu_moe_gating_top_k scores with sigmoid or softmax, not {inputs.scoring_func}")
     if not inputs.normalize:
         reasons.append("npu_moe_gating_top_k always normalizes the weights (normalize=False is not expressible)")
+    if inputs.fix_routing_mask is not None:
+        reasons.append("npu_moe_gating_top_k chooses every token's experts (fixed routing is not expressible)")
     limit = npu_moe.gate_limits_reason(inputs.logits.shape[1], inputs.num_groups)
     if limit is not None:
         reasons.append(limit)

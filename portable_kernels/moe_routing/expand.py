@@ -13,6 +13,7 @@ from ..contract import OpContract, Tolerance, public_op, register_contract
 from ..dispatch import run
 from ..errors import ContractError, format_problem
 from ..providers import Inputs
+from ..layouts.constants import SM100_BLOCKS_PER_WORD
 from ..tensors import FP8_DTYPE, PreparedTensor, QuantTensor, cdiv, describe
 from .mapping import INDEX_DTYPES, FusedMapping, _check_expand_mapping, _unpack_mapping
 
@@ -128,16 +129,20 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor | FusedMapp
 @public_op(EXPAND_TO_FUSED_WITH_SF)
 def expand_to_fused_with_sf(x: Any, num_per_channels: int, token_topk_to_pos: torch.Tensor | FusedMapping,
                             pos_to_expert: torch.Tensor | None = None,
-                            use_tma_aligned_col_major_sf: bool = False) -> QuantTensor:
+                            use_tma_aligned_col_major_sf: bool = False
+                            ) -> QuantTensor | tuple[torch.Tensor, torch.Tensor]:
     """Copy FP8 tokens and their per-token scales into the expert-major layout (TileKernels
     `expand_to_fused_with_sf`).
 
-    x: (fp8 [T, H], fp32 [T, ceil(H/num_per_channels)]) — a tuple or QuantTensor with granularity
-       (1, num_per_channels); scales are the logical fp32 ones (not a backend's packed words)
+    x: (fp8 [T, H], scales) — a tuple or QuantTensor with granularity (1, num_per_channels); the
+       scales are the logical fp32 [T, ceil(H/num_per_channels)], or int32 [T, ceil(ceil(H/
+       num_per_channels)/4)] words of four UE8M0 exponents (SM100 / TileKernels' packed form, any
+       strides), copied word for word
     token_topk_to_pos / pos_to_expert: as in expand_to_fused
     use_tma_aligned_col_major_sf: store the output scales MN-major with the row count padded to 4
        (strides (1, align(P, 4))); the values are the same either way
-    Returns a QuantTensor(fp8 [P, H], fp32 [P, S]) that unpacks as (out, out_sf); padding rows are 0.
+    Returns a QuantTensor(fp8 [P, H], fp32 [P, S]) that unpacks as (out, out_sf), or for packed
+    int32 scales the tuple (out, int32 out_sf); padding rows are 0.
     """
     op = EXPAND_TO_FUSED_WITH_SF.name
     ttp, pte = _unpack_mapping(op, token_topk_to_pos, pos_to_expert, need_pos_to_expert=True)
@@ -156,9 +161,19 @@ def expand_to_fused_with_sf(x: Any, num_per_channels: int, token_topk_to_pos: to
     check_tensor(op, "x", data, (FP8_DTYPE,), (None, None), None, "pass fp8 e4m3 data [T, H]")
     t, h = data.shape
     s = cdiv(h, num_per_channels)
-    check_tensor(op, "x", sf, (torch.float32,), (t, s), data.device,
-                  f"pass fp32 scales [T, ceil(H/{num_per_channels})] = [{t}, {s}] (logical, not packed)")
+    packed = isinstance(sf, torch.Tensor) and sf.dtype == torch.int32
+    if packed:
+        words = cdiv(s, SM100_BLOCKS_PER_WORD)
+        check_tensor(op, "x", sf, (torch.int32,), (t, words), data.device,
+                     f"pass packed UE8M0 scales int32 [T, ceil(ceil(H/{num_per_channels})/4)] = [{t}, {words}]")
+        # words travel as fp32 bit patterns: every provider copies scales bit for bit and nothing else
+        sf = sf.view(torch.float32)
+    else:
+        check_tensor(op, "x", sf, (torch.float32,), (t, s), data.device,
+                     f"pass fp32 scales [T, ceil(H/{num_per_channels})] = [{t}, {s}], or packed int32 words")
     check_bool(op, "use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
     out, out_sf = _run_expand(EXPAND_TO_FUSED_WITH_SF, data, sf, ttp, pte, use_tma_aligned_col_major_sf)
+    if packed:
+        return out, out_sf.view(torch.int32)
     ue8m0 = x.ue8m0 if isinstance(x, QuantTensor) else False
     return QuantTensor(out, out_sf, (1, num_per_channels), ue8m0=ue8m0)

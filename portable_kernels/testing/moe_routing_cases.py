@@ -29,10 +29,16 @@ FP8_OUTPUT_BOUND = 1e-4
 
 
 def gate_scores64(logits: torch.Tensor, bias: torch.Tensor | None, scoring_func: str) -> tuple[torch.Tensor, ...]:
-    """(scores, biased scores) in fp64."""
+    """(scores, ranked scores) in fp64; softmax ranks the logits (+ bias)."""
     x = logits.double().cpu()
-    scores = torch.sigmoid(x) if scoring_func == "sigmoid" else torch.nn.functional.softplus(x).sqrt()
-    return scores, scores if bias is None else scores + bias.double().cpu()
+    if scoring_func == "sigmoid":
+        scores = torch.sigmoid(x)
+    elif scoring_func == "softmax":
+        scores = torch.softmax(x, dim=-1)
+    else:
+        scores = torch.nn.functional.softplus(x).sqrt()
+    base = x if scoring_func == "softmax" else scores
+    return scores, base if bias is None else base + bias.double().cpu()
 
 
 def gate_weights64(scores: torch.Tensor, idx: torch.Tensor, routed_scaling_factor: float,
@@ -305,15 +311,28 @@ def expand_cases(quick: bool) -> list[Case]:
                  functools.partial(_expand_case, *s, 5400 + i)) for i, s in enumerate(specs)]
 
 
-def _expand_sf_case(t: int, k: int, e: int, h: int, alignment: int, col_major: bool, seed: int,
+def _packed_words(t: int, words: int, seed: int) -> torch.Tensor:
+    """int32 [t, words] of UE8M0 exponent bytes (1..254); about a quarter of the words read as NaN
+    when viewed as fp32, so a provider that does arithmetic on the words instead of copying shows."""
+    exps = torch.randint(1, 255, (t, words, 4), generator=generator(seed), dtype=torch.int32)
+    nan_like = torch.rand(t, words, generator=generator(seed + 1)) < 0.25
+    exps[..., 3] = torch.where(nan_like, 0x7F, exps[..., 3])
+    exps[..., 2] = torch.where(nan_like, exps[..., 2] | 0x80, exps[..., 2])
+    return exps.to(torch.uint8).view(torch.int32).view(t, words)
+
+
+def _expand_sf_case(t: int, k: int, e: int, h: int, alignment: int, col_major: bool, packed: bool, seed: int,
                     device: torch.device) -> float:
     idx = random_topk_idx(t, k, e, seed, 0.1, device)
     mapping = get_fused_mapping(idx, e, 0, alignment)
     q = per_token_cast_to_fp8(randn(t, h, seed=seed + 1, dtype=torch.bfloat16, device=device))
-    out, out_sf = expand_to_fused_with_sf(q, 128, mapping.token_topk_to_pos, mapping.pos_to_expert,
+    scale = _packed_words(t, -(-h // 512), seed + 2).to(device) if packed else q.scale
+    out, out_sf = expand_to_fused_with_sf((q.data, scale), 128, mapping.token_topk_to_pos, mapping.pos_to_expert,
                                           use_tma_aligned_col_major_sf=col_major)
     want = expected_expand_bytes(q.data, mapping.pos_to_token)
-    want_sf = expected_expand_bytes(q.scale, mapping.pos_to_token)
+    want_sf = expected_expand_bytes(scale, mapping.pos_to_token)
+    if out_sf.dtype != scale.dtype:
+        raise CaseFailure(f"out_sf is {out_sf.dtype}; expected the input scales' {scale.dtype}")
     if not (torch.equal(out.cpu().view(torch.uint8), want)
             and torch.equal(out_sf.cpu().contiguous().view(torch.uint8), want_sf)):
         raise CaseFailure("expanded fp8 rows or scales differ from the token's (padding must be zero)")
@@ -324,11 +343,13 @@ def _expand_sf_case(t: int, k: int, e: int, h: int, alignment: int, col_major: b
 
 @conformance_cases("expand_to_fused_with_sf")
 def expand_sf_cases(quick: bool) -> list[Case]:
-    specs = [(11, 4, 8, 256, 8, False), (7, 3, 6, 384, 4, True)]
+    specs = [(11, 4, 8, 256, 8, False, False), (7, 3, 6, 384, 4, True, False), (9, 4, 8, 640, 4, True, True),
+             (6, 2, 4, 256, 8, False, True)]
     if not quick:
-        specs.append((1024, 8, 64, 7168, 128, True))
-    return [Case("expand_to_fused_with_sf", f"T={s[0]} k={s[1]} E={s[2]} H={s[3]} align={s[4]} col_major={s[5]}",
-                 5500 + i, functools.partial(_expand_sf_case, *s, 5500 + i)) for i, s in enumerate(specs)]
+        specs.append((1024, 8, 64, 7168, 128, True, False))
+    return [Case("expand_to_fused_with_sf", f"T={s[0]} k={s[1]} E={s[2]} H={s[3]} align={s[4]} col_major={s[5]} "
+                 f"packed={s[6]}", 5500 + i, functools.partial(_expand_sf_case, *s, 5500 + i))
+            for i, s in enumerate(specs)]
 
 
 def reduce_reference64(y: torch.Tensor, topk_weights: torch.Tensor | None, token_topk_to_pos: torch.Tensor,
