@@ -1,4 +1,5 @@
-"""Command line: `python -m portable_kernels {demo,doctor,conformance,layouts}` (also installed as `portable-kernels`)."""
+"""Command line: `python -m portable_kernels {demo,doctor,conformance,layouts,ep-cost}` (also installed as
+`portable-kernels`)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,16 @@ def _layouts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ep_cost(args: argparse.Namespace) -> int:
+    from .ep.cost.cli import run
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401  (optional: the [plot] extra)
+        except ImportError as exc:
+            raise CliError("drawing needs matplotlib: pip install 'portable-kernels[plot]'") from exc
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .demo import DEMO_SHAPE
     parser = argparse.ArgumentParser(prog="portable_kernels", description=__doc__)
@@ -93,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a backend option (repeatable), e.g. --option soc=950 for ascend; see doctor")
     conf.add_argument("--ops", nargs="*", help="only these ops")
     conf.set_defaults(func=_conformance)
+    from .ep.cost.cli import add_parser as add_ep_cost
+    add_ep_cost(sub, _ep_cost)
     return parser
 
 
