@@ -17,7 +17,9 @@ Run: python benchmarks/ep_cost_validate.py [--ranks 2 4 8] [--tokens 512] [--hid
    routing ep_bench draws: Buffer = header + rows + metadata (ids, source index; no weights, as
    ep_bench dispatches without them), raw = the rows alone.
 Printed: the calibrated preset, then per group size the predicted time, the measured median
-[min, max] over the rounds and measured / predicted. A benchmark, not a test: it prints only.
+[min, max] over the rounds and measured / predicted (min and median), the payload (checked equal
+to ep_bench's own count) and the Buffer's own work (buffer - raw per round), which the model
+leaves out by design. A benchmark, not a test: it prints only.
 """
 
 from __future__ import annotations
@@ -141,8 +143,8 @@ def main() -> None:
     buffer_exchange = attrs.evolve(BUFFER_EXCHANGE, dispatch_weights=False)
     cfg = dict(tokens=args.tokens, hidden=args.hidden, topk=args.topk, experts=args.experts, rounds=args.rounds,
                warmup=args.warmup, fp8=False, backend="gloo")
-    print(f"{'ranks':>5} {'what':>6} {'predicted ms':>12} {'measured ms median [min, max]':>32} "
-          f"{'measured/predicted':>18} {'bound by':>24}")
+    print(f"{'ranks':>5} {'what':>6} {'predicted ms':>12} {'measured ms median [min, max]':>32} {'min/pred':>8} "
+          f"{'median/pred':>11}  bound by")
     for num_ranks in args.ranks:
         outcomes = run_ranks(num_ranks, ep_bench.bench_rank, (cfg,), timeout_s=1800)
         if not all(o.ok for o in outcomes):
@@ -150,13 +152,21 @@ def main() -> None:
         times = outcomes[0].value["times"]
         # the routing ep_bench drew on each rank (bench_rank: random_routing(..., seed=2000 + rank))
         ids = [random_routing(args.tokens, args.topk, args.experts, seed=2000 + r) for r in range(num_ranks)]
-        for what, exchange in (("raw", ROWS_ONLY), ("buffer", buffer_exchange)):
-            cost = estimate(shape, fabric, num_ranks, ids, exchange)
+        costs = {what: estimate(shape, fabric, num_ranks, ids, exchange)
+                 for what, exchange in (("raw", ROWS_ONLY), ("buffer", buffer_exchange))}
+        # same bytes: ep_bench's payload (recv_x rows + the rows combined back, all ranks) is the model's count
+        counted = float(costs["raw"].dispatch.traffic.counted.sum() + costs["raw"].combine.traffic.counted.sum())
+        if counted != outcomes[0].value["payload_bytes"]:
+            raise SystemExit(f"{num_ranks} ranks: ep_bench moved {outcomes[0].value['payload_bytes']:.0f} payload bytes,"
+                             f" the model counts {counted:.0f}")
+        for what, cost in costs.items():
             bound = max((p for c in (cost.dispatch, cost.combine) for p in c.phases), key=lambda p: p.seconds).bound
             measured = times[what]
             print(f"{num_ranks:>5} {what:>6} {cost.seconds * 1e3:>12.3f} {_spread(measured, 1e3):>32} "
-                  f"{statistics.median(measured) / cost.seconds:>18.2f} {bound:>24}")
-
+                  f"{min(measured) / cost.seconds:>8.2f} {statistics.median(measured) / cost.seconds:>11.2f}  {bound}")
+        own = statistics.median(b - r for b, r in zip(times["buffer"], times["raw"]))
+        print(f"{'':>5} payload {counted / 1e6:.1f} MB (ep_bench's count = the model's); the Buffer's own work "
+              f"(buffer - raw, median per round): {own * 1e3:.1f} ms")
 
 if __name__ == "__main__":
     main()

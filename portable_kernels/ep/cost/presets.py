@@ -11,7 +11,7 @@ import attrs
 
 from .fabric import GB, US, Fabric, Tier
 from .routing import RoutingSpec
-from .shape import DEEPSEEK_V3, MoEShape
+from .shape import BUFFER_EXCHANGE, DEEPSEEK_V3, ROWS_ONLY, Exchange, MoEShape
 
 DEEPEP_LEGACY = ("DeepEP docs/legacy.md (github.com/deepseek-ai/DeepEP, commit dd758ca): normal kernels on H800, "
                  "'~160 GB/s NVLink maximum bandwidth', each GPU with a 'CX7 InfiniBand 400 Gb/s RDMA network card "
@@ -58,12 +58,21 @@ UB_POD_256K = Fabric(
 
 PRESETS: dict[str, Fabric] = {f.name: f for f in (NVLINK8_RDMA, UBL128, UB_POD_256K)}
 
+DEEPEP_ASCEND = ("DeepEP-Ascend README (github.com/deepseek-ai/DeepEP-Ascend), as quoted by a third-party digest: "
+                 "Ascend 950DT, CANN 9.2.0, PoC firmware, 'netlayer 1, the supernode's external Clos network', "
+                 "16,384 tokens/rank capacity, top-6 of 256 experts; dispatch / combine GB/s: EP8 373-375 / 345-347, "
+                 "EP16 348-352 / 338-341, EP32 335-340 / 320-324, EP64 323-327 / 294-298, EP128 313-320 / 272-278 "
+                 "(the upper ends are used)")
+DEEPEP_ASCEND_NOTE = ("the README itself could not be read here: hidden 7168, 4096 tokens and uniform top-6 routing are "
+                      "assumed for the comparison")
+
 
 @attrs.frozen
 class PublishedFigure:
     """A dispatch/combine bandwidth someone published, in DeepEP's accounting (recv_x bytes, FP8 as
     bf16 x (1 + 4/128)/2, over the call's time). status: "measured" (a benchmark table with its
-    setup) or "claim" (a vendor figure this project could not check)."""
+    setup) or "claim" (a vendor figure this project could not check); exchange: what the model
+    compares it with (the Buffer's exchange, or the rows alone for kernels without a count exchange)."""
 
     name: str
     fabric: str
@@ -75,6 +84,7 @@ class PublishedFigure:
     status: str
     source: str
     note: str = ""
+    exchange: Exchange = BUFFER_EXCHANGE
 
 
 PUBLISHED = (
@@ -84,12 +94,22 @@ PUBLISHED = (
         "experts (no group limit), FP8 dispatch, bf16 combine, GB/s = recv_x bytes / time",
     ),
     PublishedFigure(
+        "DeepEP low-latency EP256, H800", "nvlink8-rdma", 256, attrs.evolve(DEEPSEEK_V3, tokens_per_rank=128),
+        RoutingSpec(seed=0), 39.0, 40.0, "measured",
+        DEEPEP_LEGACY + "; low-latency kernels, 'pure RDMA', 128 tokens per batch, hidden 7168, top-8, FP8 dispatch, "
+        "bf16 combine: EP256 dispatch 194 us / 39 GB/s, combine 360 us / 40 GB/s",
+        note="low-latency mode sends one row per (token, expert); with 256 experts on 256 ranks that is one row per "
+             "(token, rank), as here. It has no count exchange, so the model's rows-only exchange is compared",
+        exchange=ROWS_ONLY,
+    ),
+    PublishedFigure(
         "DeepEP-Ascend EP8, Ascend 950DT", "ubl128", 8, attrs.evolve(DEEPSEEK_V3, num_topk=6), RoutingSpec(seed=0),
-        375.0, 347.0, "claim",
-        "DeepEP-Ascend README (github.com/deepseek-ai/DeepEP-Ascend), as quoted by a third-party digest: EP8 "
-        "dispatch 373-375 GB/s, combine 345-347 GB/s on Ascend 950DT, CANN 9.2.0, PoC firmware, 'netlayer 1, the "
-        "supernode's external Clos network', 16,384 tokens/rank capacity, top-6 of 256 experts",
-        note="the README itself could not be read here: hidden 7168, 4096 tokens and uniform top-6 routing are "
-             "assumed for the comparison",
+        375.0, 347.0, "claim", DEEPEP_ASCEND,
+        note=DEEPEP_ASCEND_NOTE,
+    ),
+    PublishedFigure(
+        "DeepEP-Ascend EP128, Ascend 950DT", "ubl128", 128, attrs.evolve(DEEPSEEK_V3, num_topk=6), RoutingSpec(seed=0),
+        320.0, 278.0, "claim", DEEPEP_ASCEND,
+        note=DEEPEP_ASCEND_NOTE,
     ),
 )

@@ -104,9 +104,10 @@ def format_sweep(results: dict[str, list[LayerCost]]) -> str:
                              "bytes on outer tier"], rows))
 
 
-def check_published(figures: Sequence[PublishedFigure], exchange: Exchange = BUFFER_EXCHANGE
-                    ) -> list[tuple[PublishedFigure, LayerCost]]:
-    return [(f, estimate(f.shape, PRESETS[f.fabric], f.num_ranks, f.routing, exchange)) for f in figures]
+def check_published(figures: Sequence[PublishedFigure]) -> list[tuple[PublishedFigure, LayerCost]]:
+    """The model's estimate for each published figure's setup (its fabric preset, EP degree, shape,
+    routing and exchange)."""
+    return [(f, estimate(f.shape, PRESETS[f.fabric], f.num_ranks, f.routing, f.exchange)) for f in figures]
 
 
 def format_published(checked: Sequence[tuple[PublishedFigure, LayerCost]]) -> str:
@@ -114,11 +115,15 @@ def format_published(checked: Sequence[tuple[PublishedFigure, LayerCost]]) -> st
     for fig, cost in checked:
         for kind, published in (("dispatch", fig.dispatch_gbps), ("combine", fig.combine_gbps)):
             bound = cost.call(kind).counted_bandwidth / GB
-            rows.append([fig.name, fig.status, f"{fig.fabric} EP{fig.num_ranks}", kind, f"{published:.0f}",
+            rows.append([fig.name, fig.status, f"{fig.fabric} EP{fig.num_ranks} {fig.exchange.name}", kind,
+                         f"{published:.0f}",
                          f"{bound:.1f}", f"{published / bound:.2f}"])
-    lines = _table(["figure", "status", "preset", "call", "published GB/s", "model bound GB/s", "published/bound"],
+    lines = _table(["figure", "status", "preset, exchange", "call", "published GB/s", "model bound GB/s", "published/bound"],
                    rows)
     lines.append("")
+    seen = set()
     for fig, _ in checked:
-        lines.append(f"{fig.name}: {fig.source}" + (f" ({fig.note})" if fig.note else ""))
+        text = f"{fig.source}" + (f" ({fig.note})" if fig.note else "")
+        lines.append(f"{fig.name}: " + ("see above" if text in seen else text))
+        seen.add(text)
     return "\n".join(lines)
