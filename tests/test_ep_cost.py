@@ -295,3 +295,16 @@ def test_cli_plot_is_written(tmp_path, capsys):
     path = tmp_path / "ep_cost_time_per_layer.png"
     assert str(path) in out and "nvlink8-rdma" in out and "ub-pod-256k" in out
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_doc_states_every_assumption_and_shows_the_plot():
+    from pathlib import Path
+
+    from portable_kernels.ep.cost import ASSUMPTIONS
+    from portable_kernels.ep.cost.plot import PLOT_NAME
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "ep-cost-model.md").read_text()
+    for assumption in ASSUMPTIONS:
+        assert assumption in text, assumption
+    assert f"img/{PLOT_NAME}" in text and (root / "docs" / "img" / PLOT_NAME).read_bytes()[:4] == b"\x89PNG"

@@ -14,14 +14,14 @@ The command line is `python -m portable_kernels ep-cost`; docs/ep-cost-model.md 
 
 from .fabric import GB, US, Fabric, Tier, parse_tier
 from .model import ASSUMPTIONS, CallCost, LayerCost, PhaseCost, estimate, layer_counts
-from .presets import PRESETS, PUBLISHED, PublishedFigure
+from .presets import MEASURED, PRESETS, PUBLISHED, PublishedFigure
 from .routing import RoutingSpec, RowCounts, row_counts
 from .shape import BUFFER_EXCHANGE, DEEPSEEK_V3, EXCHANGES, FP8_FACTOR, ROWS_ONLY, Exchange, MoEShape, header_bytes
 from .traffic import CallTraffic, call_traffic
 
 __all__ = [
     "ASSUMPTIONS", "BUFFER_EXCHANGE", "CallCost", "CallTraffic", "DEEPSEEK_V3", "EXCHANGES", "Exchange", "FP8_FACTOR",
-    "Fabric", "GB", "LayerCost", "MoEShape", "PRESETS", "PUBLISHED", "PhaseCost", "PublishedFigure", "ROWS_ONLY",
+    "Fabric", "GB", "LayerCost", "MEASURED", "MoEShape", "PRESETS", "PUBLISHED", "PhaseCost", "PublishedFigure", "ROWS_ONLY",
     "RoutingSpec", "RowCounts", "Tier", "US", "call_traffic", "estimate", "header_bytes", "layer_counts",
     "parse_tier", "row_counts",
 ]

@@ -20,7 +20,7 @@ import torch
 from ...errors import ContractError, format_problem
 from .fabric import Fabric, custom_fabric, parse_tier
 from .model import estimate
-from .presets import PRESETS, PUBLISHED
+from .presets import MEASURED, PRESETS, PUBLISHED
 from .report import check_published, format_layer, format_published, format_sweep, sweep
 from .routing import RoutingSpec
 from .shape import DEEPSEEK_V3, EXCHANGES, PAYLOADS, MoEShape
@@ -31,7 +31,8 @@ def add_parser(sub: Any, handler: Callable[[argparse.Namespace], int]) -> argpar
                        description="Bytes each rank sends and receives per dispatch and combine (per fabric tier) "
                                    "and the lower-bound time per MoE layer, from the routing get_dispatch_layout "
                                    "produces. See docs/ep-cost-model.md.")
-    p.add_argument("--preset", default="nvlink8-rdma", choices=sorted(PRESETS), help="fabric (default nvlink8-rdma)")
+    p.add_argument("--preset", default="nvlink8-rdma", choices=sorted(PRESETS) + sorted(MEASURED),
+                   help="fabric (default nvlink8-rdma); gloo-2core is this project's CPU machine, measured")
     p.add_argument("--tier", action="append", metavar="NAME:RANKS:GBPS:LAT_US[:HOPS]",
                    help="a tier of your own fabric, innermost first (repeatable; replaces --preset); RANKS may be *")
     p.add_argument("--ep", type=int, default=8, help="EP degree: ranks in the expert-parallel group (default 8)")
@@ -63,7 +64,7 @@ def add_parser(sub: Any, handler: Callable[[argparse.Namespace], int]) -> argpar
 def _fabric(args: argparse.Namespace) -> Fabric:
     if args.tier:
         return custom_fabric([parse_tier(spec) for spec in args.tier])
-    return PRESETS[args.preset]
+    return {**PRESETS, **MEASURED}[args.preset]
 
 
 def _routing(args: argparse.Namespace, shape: MoEShape) -> Any:
@@ -84,7 +85,7 @@ def _routing(args: argparse.Namespace, shape: MoEShape) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
-        for fabric in PRESETS.values():
+        for fabric in [*PRESETS.values(), *MEASURED.values()]:
             print(fabric.describe())
             for source in fabric.sources:
                 print(f"  source: {source}")

@@ -58,6 +58,20 @@ UB_POD_256K = Fabric(
 
 PRESETS: dict[str, Fabric] = {f.name: f for f in (NVLINK8_RDMA, UBL128, UB_POD_256K)}
 
+#: this project's CI-class machine as a fabric: Gloo between local processes, every byte copied by
+#: 2 shared CPU cores; calibrated by benchmarks/ep_cost_validate.py on 2026-12-01 (load average 9)
+#: from the best of 21 rounds on 2 ranks — it moves with the machine's load (see docs/ep-cost-model.md)
+GLOO_LOOPBACK_2CORE = Fabric(
+    "gloo-2core",
+    (Tier("Gloo loopback", None, 1.628 * GB, 0.0, hops=0, aggregate_bandwidth=3.256 * GB),),
+    message_overhead=63.2 * US, local_bandwidth=3.29 * GB,
+    description="Gloo all-to-all between local processes sharing 2 CPU cores (measured on this project's machine)",
+    sources=("benchmarks/ep_cost_validate.py, 2026-12-01: 16 MB all-to-all on 2 ranks, best 10.37 ms (median 20.6); "
+             "8 B all-to-all best 63.2 us (median 112.6); 64 MB copy best 3.29 GB/s; all ranks together = 2 cores x "
+             "the 2-rank bandwidth",),
+)
+MEASURED: dict[str, Fabric] = {GLOO_LOOPBACK_2CORE.name: GLOO_LOOPBACK_2CORE}
+
 DEEPEP_ASCEND = ("DeepEP-Ascend README (github.com/deepseek-ai/DeepEP-Ascend), as quoted by a third-party digest: "
                  "Ascend 950DT, CANN 9.2.0, PoC firmware, 'netlayer 1, the supernode's external Clos network', "
                  "16,384 tokens/rank capacity, top-6 of 256 experts; dispatch / combine GB/s: EP8 373-375 / 345-347, "
