@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from portable_kernels.__main__ import main
 from portable_kernels.ep import get_dispatch_layout
-from portable_kernels.ep.cost import (BUFFER_EXCHANGE, DEEPSEEK_V3, FP8_FACTOR, GB, PRESETS, PUBLISHED, ROWS_ONLY, US,
+from portable_kernels.ep.cost import (BUFFER_EXCHANGE, FP8_FACTOR, GB, PRESETS, PUBLISHED, ROWS_ONLY, US,
                                       Fabric, MoEShape, RoutingSpec, Tier, call_traffic, estimate, header_bytes,
                                       layer_counts, parse_tier, row_counts)
 from portable_kernels.ep.cost import routing as routing_module
@@ -308,3 +308,9 @@ def test_the_doc_states_every_assumption_and_shows_the_plot():
     for assumption in ASSUMPTIONS:
         assert assumption in text, assumption
     assert f"img/{PLOT_NAME}" in text and (root / "docs" / "img" / PLOT_NAME).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_one_rank_moves_nothing_over_the_fabric():
+    cost = estimate(SMALL, TWO_TIER, 1, RoutingSpec(seed=11))
+    assert cost.seconds == 0.0 and cost.dispatch.phases[-1].bound == "nothing to move"
+    assert float(cost.dispatch.traffic.local.sum()) > 0  # every routed row stays on the rank

@@ -120,7 +120,12 @@ def _phase(name: str, fabric: Fabric, send: torch.Tensor, recv: torch.Tensor, lo
     latency = (used.double() * tier_latency).max(dim=1).values + messages * fabric.message_overhead
     total = latency + transfer
     rank = int(total.argmax())
-    bound = terms[int(which[rank])][0] if float(transfer[rank]) >= float(latency[rank]) else "latency"
+    if float(total[rank]) == 0.0:
+        bound = "nothing to move"  # one rank, or no rows off the rank
+    elif float(transfer[rank]) >= float(latency[rank]):
+        bound = terms[int(which[rank])][0]
+    else:
+        bound = "latency"
     return PhaseCost(name, float(total[rank]), rank, float(latency[rank]), float(transfer[rank]), bound)
 
 

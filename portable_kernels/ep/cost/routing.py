@@ -149,6 +149,7 @@ def row_counts(topk_idx: Sequence[torch.Tensor], num_experts: int) -> RowCounts:
     """Run get_dispatch_layout on every rank's ids (rank r's entry = the ids it dispatches) and
     collect rows[s][d] = num_tokens_per_rank of rank s, and the tokens per expert."""
     op = "ep_cost.row_counts"
+    check_int(op, "num_experts", num_experts, 1)
     if not isinstance(topk_idx, (list, tuple)) or not topk_idx:
         raise ContractError(format_problem(op, "topk_idx", describe(topk_idx), "a non-empty list, one [T, k] "
                                            "tensor per rank", "pass [ids of rank 0, ids of rank 1, ...]"))
@@ -158,7 +159,7 @@ def row_counts(topk_idx: Sequence[torch.Tensor], num_experts: int) -> RowCounts:
             raise ContractError(format_problem(op, f"topk_idx[{r}]", describe(ids), "an int [T, k] tensor",
                                                "pass each rank's router output, int64 [tokens, top-k]"))
     rows = torch.zeros(num_ranks, num_ranks, dtype=torch.int64)
-    expert_tokens = torch.zeros(num_experts, dtype=torch.int64) if num_experts > 0 else torch.zeros(0)
+    expert_tokens = torch.zeros(num_experts, dtype=torch.int64)
     tokens = torch.tensor([ids.shape[0] for ids in topk_idx], dtype=torch.int64)
     for start, stop in _chunks(topk_idx, num_ranks):
         ids = topk_idx[start] if stop - start == 1 else torch.cat(list(topk_idx[start:stop]))

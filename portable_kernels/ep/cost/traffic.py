@@ -16,6 +16,7 @@ from typing import Literal
 import attrs
 import torch
 
+from ...errors import ContractError, format_problem
 from .fabric import Fabric
 from .routing import RowCounts
 from .shape import Exchange, MoEShape, header_bytes
@@ -81,7 +82,8 @@ def call_traffic(kind: str, shape: MoEShape, counts: RowCounts, fabric: Fabric, 
         collectives = 2 if exchange.combine_weights else 1
         flow = rows.T                    # d returns to s the rows it received from s
     else:
-        raise ValueError(f"call_traffic: kind must be one of {CALLS}, got {kind!r}")
+        raise ContractError(format_problem("call_traffic", "kind", repr(kind), f"one of {CALLS}",
+                                           "pass 'dispatch' or 'combine'"))
     row = token_row + extra
     num_tiers = len(fabric.tiers)
     send = torch.zeros(num_ranks, num_tiers, dtype=torch.float64)
