@@ -8,15 +8,24 @@ import sys
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import format_legend, format_table, format_verdicts, run_demo
-    for dim in ("m", "n", "k"):
-        if getattr(args, dim) < 1:
-            raise CliError(f"--{dim} must be a positive int, got {getattr(args, dim)}")
-    rows = run_demo(m=args.m, n=args.n, k=args.k)
-    print(f"fp8_gemm_nt  M={args.m} N={args.n} K={args.k}  (bf16 out)")
-    print(format_table(rows))
-    print(format_verdicts(rows))
+    from .demo import (MlaShape, MoeShape, format_header, format_legend, format_providers, format_table,
+                       format_verdicts, run_demo)
+    for name in ("tokens", "hidden", "experts", "seqlen", "repeats"):
+        if getattr(args, name) < 1:
+            raise CliError(f"--{name} must be a positive int, got {getattr(args, name)}")
+    if args.hidden % 128 or args.experts % 4:
+        raise CliError("--hidden must be a multiple of 128 and --experts a multiple of 4 (4 expert groups)")
+    moe = MoeShape(tokens=args.tokens, hidden=args.hidden, experts=args.experts)
+    mla = MlaShape(seqlen=args.seqlen)
+    runs = run_demo(moe, mla, repeats=args.repeats)
+    print(format_header(moe, mla))
+    print(format_table(runs))
+    print(format_providers(runs))
+    print(format_verdicts(runs))
     print(format_legend())
+    if args.plot:
+        from .demo.plot import plot_weight_formats
+        print(f"wrote {plot_weight_formats(args.plot)}")
     return 0
 
 
@@ -78,18 +87,22 @@ def _ep_cost(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .demo import DEMO_SHAPE
     parser = argparse.ArgumentParser(prog="portable_kernels", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run one FP8 FFN GEMM on every runnable backend and print a table",
-                          description="Quantize a DeepSeek-V3-sized FFN weight once per backend (prepare_inputs), "
-                                      "quantize activations into the consumer's format, run fp8_gemm_nt on every "
-                                      "backend that can run here (natively or in emulation on CPU tensors) and "
-                                      "compare with the exact product.")
-    meaning = {"m": "rows of the activation (tokens)", "n": "rows of the weight (output features)",
-               "k": "the shared inner dimension (hidden size)"}
-    for dim, value in DEMO_SHAPE.items():
-        demo.add_argument(f"--{dim}", type=int, default=value, help=f"{meaning[dim]} (default {value})")
+    demo = sub.add_parser("demo", help="run a DeepSeek-style MoE layer and an MLA decode step on every backend",
+                          description="Run one DeepSeek-V3-shaped MoE layer (scaled down) and one MLA decode step "
+                                      "on every backend that can run here (natively, or in emulation on CPU "
+                                      "tensors), from the same model code, with the expert weights prepared once "
+                                      "per backend; print per backend the providers that ran, the bytes each "
+                                      "weight format stores, implicit conversions, the difference from the cpu "
+                                      "backend's outputs and the time.")
+    demo.add_argument("--tokens", type=int, default=64, help="tokens in the MoE batch (default 64)")
+    demo.add_argument("--hidden", type=int, default=1024, help="hidden size, a multiple of 128 (default 1024)")
+    demo.add_argument("--experts", type=int, default=16, help="routed experts, in 4 groups (default 16)")
+    demo.add_argument("--seqlen", type=int, default=512, help="longest cached sequence of the MLA step (default 512)")
+    demo.add_argument("--repeats", type=int, default=3, help="timed runs per step; the median is shown (default 3)")
+    demo.add_argument("--plot", metavar="DIR", default=None,
+                      help="also draw the byte layouts of one expert weight on every backend into DIR")
     demo.set_defaults(func=_demo)
     doctor = sub.add_parser("doctor", help="list backends, their devices, providers and availability")
     doctor.set_defaults(func=_doctor)

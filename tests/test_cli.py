@@ -3,25 +3,37 @@
 from __future__ import annotations
 
 from portable_kernels.__main__ import main
-from portable_kernels.demo import run_demo, runnable_targets
+from portable_kernels.demo import MlaShape, MoeShape, run_demo, runnable_targets
+
+
+SMALL_DEMO = ["demo", "--tokens", "16", "--hidden", "256", "--experts", "8", "--seqlen", "128", "--repeats", "1"]
 
 
 def test_demo_prints_a_row_per_runnable_backend(capsys):
-    assert main(["demo", "--m", "8", "--n", "256", "--k", "512"]) == 0
+    assert main(SMALL_DEMO) == 0
     out = capsys.readouterr().out
-    assert "fp8_gemm_nt" in out
-    for name, _, _ in runnable_targets():
-        assert f"\n{name} " in out
+    assert "MoE layer" in out and "MLA decode" in out
+    for name, _, options in runnable_targets():
+        label = name + ("[" + ",".join(f"{k}={v}" for k, v in sorted(options.items())) + "]" if options else "")
+        assert f"\n{label} " in out, label
 
 
-def test_demo_results_are_within_contract():
-    rows = run_demo(m=4, n=128, k=384)
-    assert any(row.backend == "cpu" and not row.note for row in rows)
-    for row in rows:
-        if row.note:  # a backend without the demo's ops (e.g. a partial plugin) is reported, not run
-            assert row.note.startswith("skipped:") and row.backend not in ("cpu", "nvidia", "ascend")
+def test_demo_runs_the_same_model_code_on_every_backend_with_nothing_converted():
+    runs = run_demo(MoeShape(tokens=16, hidden=256, experts=8), MlaShape(seqlen=128), repeats=1)
+    assert runs[0].backend == "cpu" and runs[0].moe_diff == 0.0
+    for run in runs:
+        if run.skipped:  # a backend without the demo's ops (e.g. a partial plugin) is reported, not run
+            assert run.backend not in ("cpu", "nvidia", "ascend")
             continue
-        assert row.diff_dequantized < 1e-5 and row.diff_unquantized < 2e-3
+        assert run.passed and run.conversions == 0, run
+        assert {"m_grouped_fp8_gemm_nt_contiguous", "top2_sum_gate", "flash_mla_with_kvcache"} <= set(run.providers)
+        assert run.weight_bytes > 0 and run.weight_format
+
+
+def test_demo_plot_draws_every_backends_weight_bytes(tmp_path, capsys):
+    assert main([*SMALL_DEMO, "--plot", str(tmp_path)]) == 0
+    with open(tmp_path / "weight_formats.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_doctor_lists_cpu_and_its_providers(capsys):
@@ -55,16 +67,16 @@ def test_cli_user_errors_are_one_line_with_exit_code_2(capsys, tmp_path):
                            (["conformance", "--backend", "nvidia", "--arch", "sm_100", "--quick"], "not one of"),
                            (["conformance", "--option", "archh"], "KEY=VALUE"),
                            (["layouts", "--plot", str(blocked / "sub")], "error:"),
-                           (["demo", "--k", "0"], "--k must be a positive int")):
+                           (["demo", "--tokens", "0"], "--tokens must be a positive int")):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert fragment in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_demo_prints_verdicts_legend_and_marks_emulated_times(capsys):
-    assert main(["demo", "--m", "4", "--n", "128", "--k", "256"]) == 0
+def test_demo_prints_providers_verdicts_legend_and_marks_emulated_times(capsys):
+    assert main(SMALL_DEMO) == 0
     out = capsys.readouterr().out
-    assert "verdict:" in out and "cpu fp32-row-major: PASS" in out and "legend:" in out
+    assert "providers that ran:" in out and "verdict:" in out and "cpu: PASS" in out and "legend:" in out
     assert "(emulated)" in out
 
 
@@ -73,7 +85,8 @@ def test_demo_help_describes_every_option(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     out = capsys.readouterr().out
-    for option, words in (("--m", "tokens"), ("--n", "output features"), ("--k", "hidden size")):
+    for option, words in (("--tokens", "tokens"), ("--hidden", "hidden size"), ("--experts", "experts"),
+                          ("--seqlen", "cached sequence"), ("--plot", "byte layouts")):
         assert option in out and words in out
 
 
