@@ -1,0 +1,636 @@
+// gemm.cpp — the cpu backend's native GEMM family: D = C + A·Bᵀ for fp8 (block-scaled), bf16 and
+// fp8 x fp4 operands, dense and grouped (contiguous / masked), in one pass over "segments".
+//
+// A segment is a run of rows of A and D that multiply one group's B: (first row, row count, group).
+// A dense GEMM is one segment; a grouped GEMM lists its groups' valid rows, so padding rows are
+// never read or written. Two engines share that description:
+//  - "fma": A rows are dequantized once to fp32 (a·sfa rounded as the reference rounds it), B tiles
+//    are dequantized in registers / L1 (b·sfb likewise), products accumulate in fp32 with FMA. It
+//    reads every B byte once per call: the decode engine (few rows) and the portable fallback.
+//  - "amx" (x86 with AMX-BF16): A and B hold raw element values in bf16 (exact for e4m3 and e2m1),
+//    tiles multiply in fp32, and every `promote` K-elements the tile sums are scaled by sfa·sfb
+//    and added to fp32 accumulators (DeepGEMM's per-block promotion), so any scale (power of two or
+//    not) is applied in fp32. B comes pre-packed in VNNI tile order (packed once at ingest).
+// Python validates every argument before calling; these functions trust shapes and pointers.
+#include "pk_native.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <memory>
+#include <vector>
+
+namespace {
+
+enum Kind : int { kFp8 = 0, kBf16 = 1, kFp4 = 2 };
+
+struct Seg {
+  int64_t row, rows, group;
+};
+
+#if defined(__AVX512F__)
+#define PK_VL 16
+#elif defined(__AVX2__)
+#define PK_VL 8
+#else
+#define PK_VL 1
+#endif
+constexpr int VL = PK_VL;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// ---- dequantization of rows to fp32 ----------------------------------------------------------------
+
+// out[0..k_pad) = values of one row: fp8·scale (per block of g), bf16, or e2m1·scale; zero past K.
+void dequant_row(const void* src, int kind, const float* scale, int64_t g, int64_t K, int64_t k_pad, float* out) {
+  if (kind == kBf16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    int64_t k = 0;
+#if defined(__AVX512F__)
+    for (; k + 16 <= K; k += 16)
+      _mm512_storeu_ps(out + k, pk::bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + k))));
+#endif
+    for (; k < K; ++k) out[k] = pk::bf16_to_f32(s[k]);
+  } else if (kind == kFp8) {
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    for (int64_t k0 = 0; k0 < K; k0 += g) {
+      const int64_t k1 = std::min(K, k0 + g);
+      const float sf = scale[k0 / g];
+      int64_t k = k0;
+#if defined(__AVX512F__)
+      const __m512 vs = _mm512_set1_ps(sf);
+      for (; k + 16 <= k1; k += 16) {
+        __m512 v = pk::fp8x16_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k)));
+        _mm512_storeu_ps(out + k, _mm512_mul_ps(v, vs));
+      }
+#endif
+      for (; k < k1; ++k) out[k] = pk::fp8_to_f32(s[k]) * sf;
+    }
+  } else {  // e2m1, two codes per byte, even element in the low nibble
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    for (int64_t k = 0; k < K; ++k) {
+      const uint8_t code = (k & 1) ? (s[k >> 1] >> 4) : (s[k >> 1] & 0xF);
+      out[k] = pk::kE2m1Values[code] * scale[k / g];
+    }
+  }
+  for (int64_t k = K; k < k_pad; ++k) out[k] = 0.0f;
+}
+
+// Same as dequant_row for B tiles, without the per-element branch on the fp4 path when possible.
+inline void dequant_b_row(const uint8_t* row_bytes, int kind, const float* scale, int64_t g, int64_t k0,
+                          int64_t k1, float* out) {
+  // [k0, k1) of one B row into out[0 .. k1-k0); k0 is a multiple of g (or 0 for bf16)
+  if (kind == kBf16) {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(row_bytes);
+    int64_t k = k0;
+#if defined(__AVX512F__)
+    for (; k + 16 <= k1; k += 16)
+      _mm512_storeu_ps(out + (k - k0),
+                       pk::bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + k))));
+#elif defined(__AVX2__)
+    for (; k + 8 <= k1; k += 8)
+      _mm256_storeu_ps(out + (k - k0), pk::bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k))));
+#endif
+    for (; k < k1; ++k) out[k - k0] = pk::bf16_to_f32(s[k]);
+    return;
+  }
+  for (int64_t b0 = k0; b0 < k1; b0 += g) {
+    const int64_t b1 = std::min(k1, b0 + g);
+    const float sf = scale[b0 / g];
+    int64_t k = b0;
+    if (kind == kFp8) {
+#if defined(__AVX512F__)
+      const __m512 vs = _mm512_set1_ps(sf);
+      for (; k + 16 <= b1; k += 16) {
+        __m512 v = pk::fp8x16_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row_bytes + k)));
+        _mm512_storeu_ps(out + (k - k0), _mm512_mul_ps(v, vs));
+      }
+#elif defined(__AVX2__)
+      const __m256 vs = _mm256_set1_ps(sf);
+      for (; k + 8 <= b1; k += 8) {
+        // v·2^-8·2^8 is exact, so one rounding happens (·sf), as in the reference's v·sf
+        __m256 v = pk::fp8x8_to_f32_scaled(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row_bytes + k)));
+        _mm256_storeu_ps(out + (k - k0), _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(256.0f)), vs));
+      }
+#endif
+      for (; k < b1; ++k) out[k - k0] = pk::fp8_to_f32(row_bytes[k]) * sf;
+    } else {
+#if defined(__AVX512F__)
+      const __m512 table = _mm512_loadu_ps(pk::kE2m1Values);
+      const __m512 vs = _mm512_set1_ps(sf);
+      for (; k + 16 <= b1; k += 16) {  // k is even here (g and k0 are even)
+        __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row_bytes + (k >> 1)));
+        __m128i w = _mm_cvtepu8_epi16(bytes);
+        __m128i pairs = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0F)),
+                                     _mm_slli_epi16(_mm_srli_epi16(w, 4), 8));
+        __m512 v = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(pairs), table);
+        _mm512_storeu_ps(out + (k - k0), _mm512_mul_ps(v, vs));
+      }
+#endif
+      for (; k < b1; ++k) {
+        const uint8_t code = (k & 1) ? (row_bytes[k >> 1] >> 4) : (row_bytes[k >> 1] & 0xF);
+        out[k - k0] = pk::kE2m1Values[code] * sf;
+      }
+    }
+  }
+}
+
+// ---- the fma engine ---------------------------------------------------------------------------------
+
+constexpr int NR = 4;           // B rows per tile
+constexpr int MR = 4;           // A rows per register block
+constexpr int64_t KC = 1024;    // K elements per chunk: A chunk (<= 16 rows) and B tile stay in L1/L2
+constexpr int64_t NRANGE = 64;  // columns per task: each task streams its own B rows once
+
+#if PK_VL > 1
+#if defined(__AVX512F__)
+using vec = __m512;
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+#else
+using vec = __m256;
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(vec v) { return pk::hsum(v); }
+#endif
+#endif
+
+// out[i * ldo + j] += sum_k A[i][k] * B[j][k] over k in [0, kc) (kc a multiple of VL), for R A rows
+// (stride lda) and NR B rows (stride ldb).
+template <int R>
+void fma_block(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t kc, float* out, int64_t ldo) {
+#if PK_VL > 1
+  vec c[R][NR];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NR; ++j) c[i][j] = vzero();
+  for (int64_t k = 0; k < kc; k += VL) {
+    vec b[NR];
+    for (int j = 0; j < NR; ++j) b[j] = vload(B + j * ldb + k);
+    for (int i = 0; i < R; ++i) {
+      vec a = vload(A + i * lda + k);
+      for (int j = 0; j < NR; ++j) c[i][j] = vfma(a, b[j], c[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NR; ++j) out[i * ldo + j] += vsum(c[i][j]);
+#else
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NR; ++j) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < kc; ++k) s += A[i * lda + k] * B[j * ldb + k];
+      out[i * ldo + j] += s;
+    }
+#endif
+}
+
+struct Operand {
+  const uint8_t* data;   // element bytes of row 0 (group 0)
+  int kind;
+  const float* scale;    // row-major scales of row-block 0 (group 0), or null
+  int64_t gran_mn;       // rows per scale row
+  int64_t gran_k;        // K elements per scale
+  int64_t row_bytes;     // bytes between rows
+  int64_t scale_ld;      // floats between scale rows
+  int64_t group_bytes;   // bytes between groups (B only)
+  int64_t group_scale;   // floats between groups' scales (B only)
+};
+
+struct Output {
+  void* d;
+  int d_bf16;
+  const void* c;
+  int c_bf16;
+  int64_t ld;  // elements between rows of d and c
+};
+
+inline void write_out(const Output& o, int64_t r, int64_t n, float v) {
+  if (o.c) {
+    v += o.c_bf16 ? pk::bf16_to_f32(static_cast<const uint16_t*>(o.c)[r * o.ld + n])
+                  : static_cast<const float*>(o.c)[r * o.ld + n];
+  }
+  if (o.d_bf16)
+    static_cast<uint16_t*>(o.d)[r * o.ld + n] = pk::f32_to_bf16(v);
+  else
+    static_cast<float*>(o.d)[r * o.ld + n] = v;
+}
+
+void fma_engine(const Operand& a, const Operand& b, const Output& o, const Seg* segs, int64_t nsegs, int64_t N,
+                int64_t K, int nthreads) {
+  const int64_t k_pad = round_up(K, VL);
+  // A rows of every segment, dequantized once: [sum rows, k_pad] (zero past K)
+  std::vector<int64_t> first(nsegs + 1, 0);
+  for (int64_t s = 0; s < nsegs; ++s) first[s + 1] = first[s] + segs[s].rows;
+  const int64_t total_rows = first[nsegs];
+  if (total_rows == 0 || N == 0) return;
+  std::vector<float> A(static_cast<size_t>(total_rows * k_pad));
+  const int64_t ranges = (N + NRANGE - 1) / NRANGE;
+  const int64_t tasks = nsegs * ranges;
+  // small problems run on the calling thread: a parallel region costs more than they do
+  const double work = double(total_rows) * double(N) * double(K);
+  const int threads = work < 4.0e6 ? 1 : std::max<int>(1, std::min<int64_t>(nthreads, std::max(tasks, total_rows)));
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < total_rows; ++i) {
+      int64_t s = std::upper_bound(first.begin(), first.end(), i) - first.begin() - 1;
+      const int64_t r = segs[s].row + (i - first[s]);
+      dequant_row(a.data + r * a.row_bytes, a.kind, a.scale ? a.scale + r * a.scale_ld : nullptr, a.gran_k, K,
+                  k_pad, A.data() + i * k_pad);
+    }
+    const int64_t kc_step = b.kind == kBf16 ? KC : std::max(b.gran_k, KC / b.gran_k * b.gran_k);
+    const int64_t width_max = round_up(std::min(kc_step, K), VL);
+    std::vector<float> tile(static_cast<size_t>(NR * width_max));
+    std::vector<float> part;
+    // a task = (segment, range of NRANGE columns): B rows of the range are read once, chunk by chunk
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t s = t / ranges;
+      const Seg& seg = segs[s];
+      if (seg.rows == 0) continue;
+      const int64_t c0 = (t % ranges) * NRANGE, c1 = std::min(N, c0 + NRANGE), cols = c1 - c0;
+      const uint8_t* bg = b.data + seg.group * b.group_bytes;
+      const float* sg = b.scale ? b.scale + seg.group * b.group_scale : nullptr;
+      const int64_t ldp = round_up(cols, NR);
+      part.assign(static_cast<size_t>(seg.rows * ldp), 0.0f);
+      for (int64_t k0 = 0; k0 < K; k0 += kc_step) {
+        const int64_t k1 = std::min(K, k0 + kc_step);
+        const int64_t width = round_up(k1 - k0, VL);
+        const float* Ab = A.data() + first[s] * k_pad + k0;
+        for (int64_t n0 = c0; n0 < c1; n0 += NR) {
+          const int64_t nr = std::min<int64_t>(NR, c1 - n0);
+          for (int j = 0; j < NR; ++j) {
+            float* dst = tile.data() + j * width;
+            if (j < nr) {
+              const int64_t n = n0 + j;
+              dequant_b_row(bg + n * b.row_bytes, b.kind, sg ? sg + (n / b.gran_mn) * b.scale_ld : nullptr,
+                            b.gran_k, k0, k1, dst);
+              std::fill(dst + (k1 - k0), dst + width, 0.0f);
+            } else {
+              std::fill(dst, dst + width, 0.0f);
+            }
+          }
+          float* out = part.data() + (n0 - c0);
+          int64_t m = 0;
+          for (; m + MR <= seg.rows; m += MR) fma_block<MR>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp);
+          switch (seg.rows - m) {
+            case 3: fma_block<3>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp); break;
+            case 2: fma_block<2>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp); break;
+            case 1: fma_block<1>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp); break;
+            default: break;
+          }
+        }
+      }
+      for (int64_t i = 0; i < seg.rows; ++i)
+        for (int64_t n = c0; n < c1; ++n) write_out(o, seg.row + i, n, part[i * ldp + (n - c0)]);
+    }
+  }
+}
+
+
+// ---- the amx engine -------------------------------------------------------------------------------
+#if defined(__x86_64__) && defined(__AVX512F__)
+#define PK_HAVE_AMX_CODE 1
+
+constexpr int64_t TK = 32;     // K elements (bf16) per tile row
+constexpr int64_t TM = 16;     // rows per tile
+constexpr int64_t TN = 16;     // columns per tile (fp32 accumulators)
+constexpr int64_t TILE = TM * TK;  // bf16 elements per A or B tile (1 KiB)
+constexpr int64_t MCH = 256;   // rows of one task (its accumulators: MCH x NCH fp32)
+constexpr int64_t NCH = 128;   // columns of one task
+constexpr int64_t KCH = 512;   // K elements per chunk: A chunk (MCH x KCH) and B chunk stay in L2
+
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+bool amx_permitted() {
+  static int state = -1;  // the permission is per process: ask the kernel once
+  if (state < 0) {
+    unsigned a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    const bool cpu = ((d >> 22) & 1) && ((d >> 24) & 1);  // AMX-BF16, AMX-TILE
+    state = cpu && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  }
+  return state == 1;
+}
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+inline void tile_config() {
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = TM;
+    cfg.colsb[t] = 64;
+  }
+  // the intrinsic's asm names only 8 bytes of cfg as input: keep the other stores alive
+  __asm__ volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
+inline void tile_release() { _tile_release(); }
+
+// Scale-and-add the four 16x16 tile sums in buf into acc (ld = acc_ld floats): acc[m][n] +=
+// buf[m][n] * sa[m] * sb[n]; sa null means 1 (unscaled), sb null likewise. Layout of buf:
+// MT x NT tiles of 16x16 fp32, tile (i, j) at buf + (i * NT + j) * 256.
+template <int MT, int NT>
+inline void promote(const float* buf, float* acc, int64_t acc_ld, const float* sa, const float* sb) {
+  for (int i = 0; i < MT; ++i)
+    for (int r = 0; r < 16; ++r) {
+      const int64_t m = i * 16 + r;
+      const __m512 vsa = _mm512_set1_ps(sa ? sa[m] : 1.0f);
+      float* arow = acc + m * acc_ld;
+      for (int j = 0; j < NT; ++j) {
+        __m512 p = _mm512_load_ps(buf + (i * NT + j) * 256 + r * 16);
+        __m512 sc = sb ? _mm512_mul_ps(vsa, _mm512_loadu_ps(sb + j * 16)) : vsa;
+        _mm512_storeu_ps(arow + j * 16, _mm512_fmadd_ps(p, sc, _mm512_loadu_ps(arow + j * 16)));
+      }
+    }
+}
+
+// One (32 x 32) block: tiles 0-3 accumulate C, 4-5 hold A, 6-7 hold B.
+// A tiles: a0 (rows 0-15), a0 + a_tile_step (rows 16-31), consecutive K steps 1 KiB apart.
+// B tiles: b0 (columns 0-15), b0 + b_tile_step (columns 16-31), consecutive K steps 1 KiB apart.
+// For each promotion block [ks0, ks1) of K steps: sum, then acc += sum * sa * sb.
+void block_2x2(const uint16_t* a0, int64_t a_tile_step, const uint16_t* b0, int64_t b_tile_step, int64_t ks0,
+               int64_t ks1, int64_t steps_per_promo, float* buf, float* acc, int64_t acc_ld, const float* sa,
+               int64_t sa_ld, const float* sb, int64_t sb_ld) {
+  for (int64_t p0 = ks0; p0 < ks1; p0 += steps_per_promo) {
+    const int64_t p1 = std::min(ks1, p0 + steps_per_promo);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t ks = p0; ks < p1; ++ks) {
+      _tile_loadd(4, a0 + ks * TILE, 64);
+      _tile_loadd(5, a0 + a_tile_step + ks * TILE, 64);
+      _tile_loadd(6, b0 + ks * TILE, 64);
+      _tile_loadd(7, b0 + b_tile_step + ks * TILE, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, buf, 64);
+    _tile_stored(1, buf + 256, 64);
+    _tile_stored(2, buf + 512, 64);
+    _tile_stored(3, buf + 768, 64);
+    const int64_t kp = p0 / steps_per_promo;
+    promote<2, 2>(buf, acc, acc_ld, sa ? sa + kp * sa_ld : nullptr, sb ? sb + kp * sb_ld : nullptr);
+  }
+}
+
+// One (16 x 64) block for short segments: tiles 0-3 accumulate C, 4 holds A, 5 the current B tile.
+void block_1x4(const uint16_t* a0, const uint16_t* b0, int64_t b_tile_step, int64_t ks0, int64_t ks1,
+               int64_t steps_per_promo, float* buf, float* acc, int64_t acc_ld, const float* sa, int64_t sa_ld,
+               const float* sb, int64_t sb_ld) {
+  for (int64_t p0 = ks0; p0 < ks1; p0 += steps_per_promo) {
+    const int64_t p1 = std::min(ks1, p0 + steps_per_promo);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t ks = p0; ks < p1; ++ks) {
+      _tile_loadd(4, a0 + ks * TILE, 64);
+      _tile_loadd(5, b0 + ks * TILE, 64);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_loadd(6, b0 + b_tile_step + ks * TILE, 64);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_loadd(7, b0 + 2 * b_tile_step + ks * TILE, 64);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_loadd(5, b0 + 3 * b_tile_step + ks * TILE, 64);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, buf, 64);
+    _tile_stored(1, buf + 256, 64);
+    _tile_stored(2, buf + 512, 64);
+    _tile_stored(3, buf + 768, 64);
+    const int64_t kp = p0 / steps_per_promo;
+    promote<1, 4>(buf, acc, acc_ld, sa ? sa + kp * sa_ld : nullptr, sb ? sb + kp * sb_ld : nullptr);
+  }
+}
+
+#pragma GCC pop_options
+
+// Raw bf16 bits of element k of a row (fp8 / bf16 / e2m1 data); 0 past the row.
+inline uint16_t raw_bf16(const uint8_t* row, int kind, int64_t k) {
+  if (kind == kBf16) return reinterpret_cast<const uint16_t*>(row)[k];
+  if (kind == kFp8) return pk::fp8_to_bf16_bits(row[k]);
+  const uint8_t code = (k & 1) ? (row[k >> 1] >> 4) : (row[k >> 1] & 0xF);
+  return uint16_t(pk::f32_bits(pk::kE2m1Values[code]) >> 16);
+}
+
+// A rows [r0, r0 + rows) (row_bytes apart) -> tile order [rtiles][ksteps][16][32] raw bf16,
+// rows past `rows` and K past `K` zero.
+void pack_a_tiles(const uint8_t* a, int kind, int64_t row_bytes, int64_t r0, int64_t rows, int64_t rtiles, int64_t K,
+                  int64_t ksteps, uint16_t* out) {
+  for (int64_t rt = 0; rt < rtiles; ++rt)
+    for (int64_t i = 0; i < TM; ++i) {
+      const int64_t r = rt * TM + i;
+      uint16_t* dst = out + rt * ksteps * TILE + i * TK;
+      if (r >= rows) {
+        for (int64_t ks = 0; ks < ksteps; ++ks) std::memset(dst + ks * TILE, 0, TK * 2);
+        continue;
+      }
+      const uint8_t* row = a + (r0 + r) * row_bytes;
+      for (int64_t ks = 0; ks < ksteps; ++ks) {
+        uint16_t* t = dst + ks * TILE;
+        const int64_t k0 = ks * TK;
+        if (kind == kFp8 && k0 + TK <= K) {
+          for (int64_t k = 0; k < TK; k += 16) {
+            __m512 v = pk::fp8x16_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 + k)));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + k),
+                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+          }
+        } else if (kind == kBf16 && k0 + TK <= K) {
+          std::memcpy(t, reinterpret_cast<const uint16_t*>(row) + k0, TK * 2);
+        } else {
+          for (int64_t k = 0; k < TK; ++k) t[k] = k0 + k < K ? raw_bf16(row, kind, k0 + k) : 0;
+        }
+      }
+    }
+}
+
+void amx_engine(const Operand& a, const uint16_t* bpk, const Operand& b, const Output& o, const Seg* segs,
+                int64_t nsegs, int64_t N, int64_t K, int64_t promo, int nthreads) {
+  const int64_t ksteps = (K + TK - 1) / TK;
+  const int64_t ntiles = (N + TN - 1) / TN;
+  const int64_t steps_per_promo = promo / TK;
+  const int64_t kp_count = (ksteps + steps_per_promo - 1) / steps_per_promo;
+  // K chunks hold whole promotion blocks
+  const int64_t kc_steps = std::max<int64_t>(1, (KCH / TK) / steps_per_promo) * steps_per_promo;
+  const bool scaled_a = a.scale != nullptr, scaled_b = b.scale != nullptr;
+  // per segment: packed A tiles (rows padded to 32) and per-row A scales per promotion block
+  std::vector<int64_t> tile_first(nsegs + 1, 0);
+  for (int64_t s = 0; s < nsegs; ++s) tile_first[s + 1] = tile_first[s] + (segs[s].rows + 31) / 32 * 2;
+  const int64_t total_tiles = tile_first[nsegs];
+  if (total_tiles == 0 || N == 0) return;
+  std::unique_ptr<uint16_t[]> apk(new uint16_t[static_cast<size_t>(total_tiles * ksteps * TILE)]);  // every tile is written
+  std::vector<float> sa(scaled_a ? static_cast<size_t>(total_tiles * TM * kp_count) : 0);  // [kp][row]
+  const int64_t sa_ld = total_tiles * TM;
+  // tasks: (segment, chunk of MCH rows, chunk of NCH columns)
+  std::vector<int64_t> task_first(nsegs + 1, 0);
+  const int64_t nchunks = (N + NCH - 1) / NCH;
+  for (int64_t s = 0; s < nsegs; ++s) task_first[s + 1] = task_first[s] + (segs[s].rows + MCH - 1) / MCH * nchunks;
+  const int64_t tasks = task_first[nsegs];
+  const int threads = std::max<int>(1, std::min<int64_t>(nthreads, std::max<int64_t>(tasks, total_tiles)));
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < total_tiles / 2; ++t) {  // pairs of row tiles (32 rows)
+      const int64_t s = std::upper_bound(tile_first.begin(), tile_first.end(), 2 * t) - tile_first.begin() - 1;
+      const int64_t local = 2 * t - tile_first[s];
+      const int64_t r0 = local * TM, rows = std::max<int64_t>(0, std::min<int64_t>(32, segs[s].rows - r0));
+      pack_a_tiles(a.data, a.kind, a.row_bytes, segs[s].row + r0, rows, 2, K, ksteps, apk.get() + 2 * t * ksteps * TILE);
+      if (scaled_a)
+        for (int64_t i = 0; i < 32; ++i)
+          for (int64_t kp = 0; kp < kp_count; ++kp)
+            sa[kp * sa_ld + 2 * t * TM + i] =
+                i < rows ? a.scale[(segs[s].row + r0 + i) * a.scale_ld + (kp * promo) / a.gran_k] : 0.0f;
+    }
+    tile_config();
+    std::vector<float> acc(static_cast<size_t>(MCH * NCH));
+    std::vector<float> sb(scaled_b ? static_cast<size_t>(kp_count * NCH) : 0);
+    alignas(64) float buf[4 * 256];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t s = std::upper_bound(task_first.begin(), task_first.end(), t) - task_first.begin() - 1;
+      const Seg& seg = segs[s];
+      const int64_t local = t - task_first[s];
+      const int64_t m0 = (local / nchunks) * MCH, n0 = (local % nchunks) * NCH;
+      const int64_t rows = std::min(MCH, seg.rows - m0), cols = std::min(NCH, N - n0);
+      const int64_t rows32 = (rows + 31) / 32 * 32, cols_pad = (cols + TN - 1) / TN * TN;
+      const int64_t cols32 = (cols + 31) / 32 * 32;
+      std::fill(acc.begin(), acc.begin() + rows32 * NCH, 0.0f);
+      if (scaled_b) {  // sb[kp][n] for this task's columns (0 past N)
+        const float* sg = b.scale + seg.group * b.group_scale;
+        for (int64_t kp = 0; kp < kp_count; ++kp)
+          for (int64_t n = 0; n < NCH; ++n)
+            sb[kp * NCH + n] = n < cols ? sg[((n0 + n) / b.gran_mn) * b.scale_ld + (kp * promo) / b.gran_k] : 0.0f;
+      }
+      const uint16_t* bg = bpk + seg.group * ntiles * ksteps * TILE;
+      const uint16_t* ag = apk.get() + (tile_first[s] + m0 / TM) * ksteps * TILE;
+      const float* sag = scaled_a ? sa.data() + (tile_first[s] + m0 / TM) * TM : nullptr;
+      for (int64_t kc0 = 0; kc0 < ksteps; kc0 += kc_steps) {
+        const int64_t kc1 = std::min(ksteps, kc0 + kc_steps);
+        const bool short_rows = rows <= 16;
+        if (short_rows) {
+          for (int64_t nb = 0; nb < cols_pad; nb += 64) {
+            // tiles past the padded width read the neighbouring columns' tiles; guard with 1x4 only
+            // when 4 tiles exist, else fall back to 2x2 on the zero-padded rows
+            if (nb + 64 <= (ntiles * TN - n0) && nb + 64 <= NCH) {
+              block_1x4(ag, bg + ((n0 + nb) / TN) * ksteps * TILE, ksteps * TILE, kc0, kc1, steps_per_promo, buf,
+                        acc.data() + nb, NCH, sag, sa_ld, scaled_b ? sb.data() + nb : nullptr, NCH);
+            } else {
+              for (int64_t n2 = nb; n2 < std::min(cols_pad, nb + 64); n2 += 32) {
+                const bool two = (n0 + n2) / TN + 1 < ntiles && n2 + 32 <= NCH;
+                block_2x2(ag, ksteps * TILE, bg + ((n0 + n2) / TN) * ksteps * TILE, two ? ksteps * TILE : 0, kc0,
+                          kc1, steps_per_promo, buf, acc.data() + n2, NCH, sag, sa_ld,
+                          scaled_b ? sb.data() + n2 : nullptr, NCH);
+              }
+            }
+          }
+        } else {
+          for (int64_t nb = 0; nb < cols32; nb += 32) {
+            const bool two = (n0 + nb) / TN + 1 < ntiles && nb + 32 <= NCH;
+            for (int64_t mb = 0; mb < rows32; mb += 32)
+              block_2x2(ag + (mb / TM) * ksteps * TILE, ksteps * TILE, bg + ((n0 + nb) / TN) * ksteps * TILE,
+                        two ? ksteps * TILE : 0, kc0, kc1, steps_per_promo, buf, acc.data() + mb * NCH + nb, NCH,
+                        sag ? sag + mb : nullptr, sa_ld, scaled_b ? sb.data() + nb : nullptr, NCH);
+          }
+        }
+      }
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t n = 0; n < cols; ++n) write_out(o, seg.row + m0 + i, n0 + n, acc[i * NCH + n]);
+    }
+    tile_release();
+  }
+}
+
+// B [G, N, K] -> [G][N/16 tiles][K/32 steps][16 pairs][16 columns][2] raw bf16 (VNNI), zero padded.
+// With `scale` (e2m1 data whose per-(1, gran_k) scales are powers of two) the values are b·scale,
+// still exact in bf16, so the kernel needs no B promotion.
+void pack_b_vnni(const uint8_t* b, int kind, const float* scale, int64_t gran_k, int64_t G, int64_t N, int64_t K,
+                 int64_t row_bytes, uint16_t* out, int nthreads) {
+  const int64_t ksteps = (K + TK - 1) / TK, ntiles = (N + TN - 1) / TN;
+  const int64_t sld = scale ? (K + gran_k - 1) / gran_k : 0;
+#pragma omp parallel for num_threads(nthreads) schedule(static) collapse(2)
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t nt = 0; nt < ntiles; ++nt) {
+      uint16_t* dst = out + (g * ntiles + nt) * ksteps * TILE;
+      for (int64_t ks = 0; ks < ksteps; ++ks)
+        for (int64_t p = 0; p < TK / 2; ++p)
+          for (int64_t c = 0; c < TN; ++c)
+            for (int64_t j = 0; j < 2; ++j) {
+              const int64_t n = nt * TN + c, k = ks * TK + 2 * p + j;
+              uint16_t v = 0;
+              if (n < N && k < K) {
+                const uint8_t* row = b + (g * N + n) * row_bytes;
+                v = raw_bf16(row, kind, k);
+                if (scale) v = pk::f32_to_bf16(pk::bf16_to_f32(v) * scale[(g * N + n) * sld + k / gran_k]);
+              }
+              dst[ks * TILE + p * 32 + c * 2 + j] = v;
+            }
+    }
+}
+#endif  // x86-64 with AVX-512
+
+}  // namespace
+
+// ---- C ABI -----------------------------------------------------------------------------------------
+
+// D[rows of each segment] = C + A·B[group]ᵀ with the fma engine. Shapes: A rows of K elements
+// (a_row_bytes apart), sfa [rows, ceil(K/a_gran_k)] (a_scale_ld apart) or null; B [G, N, K]
+// (b_group_bytes / b_row_bytes apart), sfb [G, ceil(N/b_gran_n), ceil(K/b_gran_k)] or null;
+// D and C [rows, N] (ld N). segs: int64 [nsegs, 3] = (first row, rows, group).
+PK_EXPORT void pk_gemm_fma(const void* a, int a_kind, const float* sfa, int64_t a_gran_k, int64_t a_row_bytes,
+                           int64_t a_scale_ld, const void* b, int b_kind, const float* sfb, int64_t b_gran_n,
+                           int64_t b_gran_k, int64_t b_row_bytes, int64_t b_scale_ld, int64_t b_group_bytes,
+                           int64_t b_group_scale, void* d, int d_bf16, const void* c, int c_bf16,
+                           const int64_t* segs, int64_t nsegs, int64_t N, int64_t K, int nthreads) {
+  Operand A{static_cast<const uint8_t*>(a), a_kind, sfa, 1, a_gran_k, a_row_bytes, a_scale_ld, 0, 0};
+  Operand B{static_cast<const uint8_t*>(b), b_kind, sfb, b_gran_n, b_gran_k, b_row_bytes, b_scale_ld,
+            b_group_bytes, b_group_scale};
+  Output O{d, d_bf16, c, c_bf16, N};
+  fma_engine(A, B, O, reinterpret_cast<const Seg*>(segs), nsegs, N, K, pk::thread_count(nthreads));
+}
+
+PK_EXPORT int pk_gemm_vector_length() { return VL; }
+
+// 1 when the amx engine can run here (AMX-BF16 present and the kernel granted tile state).
+PK_EXPORT int pk_amx_available() {
+#ifdef PK_HAVE_AMX_CODE
+  return amx_permitted() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+// Bytes pk_pack_b_vnni writes for B [G, N, K].
+PK_EXPORT int64_t pk_vnni_bytes(int64_t G, int64_t N, int64_t K) {
+  return G * ((N + 15) / 16) * ((K + 31) / 32) * 16 * 32 * 2;
+}
+
+PK_EXPORT void pk_pack_b_vnni(const void* b, int kind, const float* scale, int64_t gran_k, int64_t G, int64_t N,
+                              int64_t K, int64_t row_bytes, void* out, int nthreads) {
+#ifdef PK_HAVE_AMX_CODE
+  pack_b_vnni(static_cast<const uint8_t*>(b), kind, scale, gran_k, G, N, K, row_bytes, static_cast<uint16_t*>(out),
+              pk::thread_count(nthreads));
+#endif
+}
+
+// D[rows of each segment] = C + A·B[group]ᵀ with the amx engine. bpk: pk_pack_b_vnni's output for B;
+// sfb (or null when B is bf16 or its scales were folded into bpk) [G, ceil(N/b_gran_n), ceil(K/b_gran_k)];
+// promo: K elements per promotion (a multiple of 32 dividing both granularities; K-padded for bf16).
+PK_EXPORT void pk_gemm_amx(const void* a, int a_kind, const float* sfa, int64_t a_gran_k, int64_t a_row_bytes,
+                           int64_t a_scale_ld, const void* bpk, const float* sfb, int64_t b_gran_n, int64_t b_gran_k,
+                           int64_t b_scale_ld, int64_t b_group_scale, void* d, int d_bf16, const void* c, int c_bf16,
+                           const int64_t* segs, int64_t nsegs, int64_t N, int64_t K, int64_t promo, int nthreads) {
+#ifdef PK_HAVE_AMX_CODE
+  Operand A{static_cast<const uint8_t*>(a), a_kind, sfa, 1, a_gran_k, a_row_bytes, a_scale_ld, 0, 0};
+  Operand B{nullptr, kBf16, sfb, b_gran_n, b_gran_k, 0, b_scale_ld, 0, b_group_scale};
+  Output O{d, d_bf16, c, c_bf16, N};
+  amx_engine(A, static_cast<const uint16_t*>(bpk), B, O, reinterpret_cast<const Seg*>(segs), nsegs, N, K, promo,
+             pk::thread_count(nthreads));
+#endif
+}
