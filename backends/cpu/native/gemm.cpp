@@ -17,6 +17,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -291,16 +292,15 @@ void fma_engine(const Operand& a, const Operand& b, const Output& o, const Seg* 
 
 
 // ---- the amx engine -------------------------------------------------------------------------------
-#if defined(__x86_64__) && defined(__AVX512F__)
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define PK_HAVE_AMX_CODE 1
 
-constexpr int64_t TK = 32;     // K elements (bf16) per tile row
-constexpr int64_t TM = 16;     // rows per tile
-constexpr int64_t TN = 16;     // columns per tile (fp32 accumulators)
+constexpr int64_t TK = 32;         // K elements (bf16) per tile row
+constexpr int64_t TM = 16;         // rows per tile
 constexpr int64_t TILE = TM * TK;  // bf16 elements per A or B tile (1 KiB)
-constexpr int64_t MCH = 256;   // rows of one task (its accumulators: MCH x NCH fp32)
-constexpr int64_t NCH = 128;   // columns of one task
-constexpr int64_t KCH = 512;   // K elements per chunk: A chunk (MCH x KCH) and B chunk stay in L2
+constexpr int64_t MCH = 512;       // rows of one task: each converted B panel serves MCH rows
+constexpr int64_t NCH = 64;        // columns of one task (accumulators: MCH x NCH fp32 = 128 KiB)
+constexpr int64_t KCH = 512;       // K elements per chunk: the B panel (32 x KCH bf16) stays in L1
 
 struct alignas(64) TileConfig {
   uint8_t palette, start_row, reserved[14];
@@ -317,6 +317,117 @@ bool amx_permitted() {
     state = cpu && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   }
   return state == 1;
+}
+
+// 16 x 16 transpose of 32-bit elements: on return r[j] holds element j of every input row.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);      // a0 b0 a1 b1 | per 128-bit lane
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);  // a2 b2 a3 b3
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);      // a0 b0 c0 d0
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);  // a1 b1 c1 d1
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);  // a2 b2 c2 d2
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);  // a3 b3 c3 d3
+  }
+  // r[4g + e] holds, in lane L, element 4L + e of rows 4g..4g+3
+  for (int e = 0; e < 4; ++e) {
+    // lanes: (rows 0-3 | rows 4-7) and (rows 8-11 | rows 12-15), element lanes 0,1 then 2,3
+    t[e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44);       // L0 L1 of g0, L0 L1 of g1
+    t[4 + e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);   // L2 L3 of g0, L2 L3 of g1
+    t[8 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44);
+    t[12 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
+  }
+  for (int e = 0; e < 4; ++e) {
+    // element 4L + e for L = 0..3: gather lane L of the four row groups
+    r[e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0x88);        // L0: g0 g1 g2 g3
+    r[4 + e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0xDD);    // L1
+    r[8 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0x88);   // L2
+    r[12 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0xDD);  // L3
+  }
+}
+
+// bf16 bits of the 128 non-negative e4m3 codes, as four 32-word tables (NaN code 0x7F -> 0x7FC0).
+struct Fp8Table {
+  __m512i t[4];
+  Fp8Table() {
+    alignas(64) uint16_t v[128];
+    for (int c = 0; c < 128; ++c) v[c] = pk::fp8_to_bf16_bits(uint8_t(c));
+    for (int i = 0; i < 4; ++i) t[i] = _mm512_load_si512(v + 32 * i);
+  }
+};
+
+// 32 e4m3 bytes -> 32 bf16 words, exact (table lookup on the magnitude, then the sign bit).
+inline __m512i fp8x32_to_bf16(__m256i bytes, const Fp8Table& lut) {
+  const __m512i w = _mm512_cvtepu8_epi16(bytes);
+  const __m512i lo = _mm512_permutex2var_epi16(lut.t[0], w, lut.t[1]);  // codes 0..63 (index bits 0-5)
+  const __m512i hi = _mm512_permutex2var_epi16(lut.t[2], w, lut.t[3]);  // codes 64..127
+  const __m512i v = _mm512_mask_mov_epi16(lo, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), hi);
+  return _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
+}
+
+// 16 bytes of packed e2m1 (32 codes, even element low) -> 32 bf16 words; `shift` adds a power-of-two
+// exponent to every non-zero value (a folded UE8M0 scale; the result stays exact).
+inline __m512i e2m1x32_to_bf16(__m128i bytes, int shift) {
+  const __m512i d = _mm512_cvtepu8_epi32(bytes);
+  const __m512i codes = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(0xF)),
+                                        _mm512_slli_epi32(_mm512_and_si512(d, _mm512_set1_epi32(0xF0)), 12));
+  const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         (short)0xC0C0, (short)0xC080, (short)0xC040, (short)0xC000, (short)0xBFC0,
+                                         (short)0xBF80, (short)0xBF00, (short)0x8000,
+                                         0x40C0, 0x4080, 0x4040, 0x4000, 0x3FC0, 0x3F80, 0x3F00, 0x0000);
+  __m512i v = _mm512_permutexvar_epi16(codes, table);
+  if (shift != 0) {
+    const __mmask32 nz = _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7FFF));
+    v = _mm512_mask_add_epi16(v, nz, v, _mm512_set1_epi16(int16_t(shift * 128)));
+  }
+  return v;
+}
+
+struct BSource {
+  const uint8_t* data;  // row 0 of this group
+  int kind;
+  int64_t row_bytes, N, K;
+  const float* fold;    // e2m1 only: per-(row, gran_k) power-of-two scales folded into the values, or null
+  int64_t fold_ld, fold_gran;
+};
+
+// B rows [n0, n0 + 32) x K steps [ks0, ks1) -> buf, VNNI tile order [2][ks1 - ks0][16 pairs][16 n][2].
+void convert_b_panel(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uint16_t* buf) {
+  const int64_t steps = ks1 - ks0;
+  static const Fp8Table lut;
+  for (int t = 0; t < 2; ++t)
+    for (int64_t ks = ks0; ks < ks1; ++ks) {
+      __m512i r[16];
+      const int64_t k0 = ks * TK;
+      const int64_t kn = std::min<int64_t>(TK, b.K - k0);
+      for (int i = 0; i < 16; ++i) {
+        const int64_t n = n0 + t * 16 + i;
+        if (n >= b.N || kn <= 0) {
+          r[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const uint8_t* row = b.data + n * b.row_bytes;
+        if (b.kind == kBf16) {
+          const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
+          r[i] = _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k0);
+        } else if (b.kind == kFp8) {
+          const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
+          r[i] = fp8x32_to_bf16(_mm256_maskz_loadu_epi8(m, row + k0), lut);
+        } else {
+          const int64_t nb = (kn + 1) / 2;  // K is even for e2m1
+          const __mmask16 m = nb >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nb) - 1);
+          int shift = 0;
+          if (b.fold) shift = int(pk::f32_bits(b.fold[n * b.fold_ld + k0 / b.fold_gran]) >> 23) - 127;
+          r[i] = e2m1x32_to_bf16(_mm_maskz_loadu_epi8(m, row + k0 / 2), shift);
+        }
+      }
+      transpose16(r);
+      uint16_t* dst = buf + (t * steps + (ks - ks0)) * TILE;
+      for (int p = 0; p < 16; ++p) _mm512_store_si512(reinterpret_cast<__m512i*>(dst + p * 32), r[p]);
+    }
 }
 
 #pragma GCC push_options
@@ -336,94 +447,76 @@ inline void tile_config() {
 
 inline void tile_release() { _tile_release(); }
 
-// Scale-and-add the four 16x16 tile sums in buf into acc (ld = acc_ld floats): acc[m][n] +=
-// buf[m][n] * sa[m] * sb[n]; sa null means 1 (unscaled), sb null likewise. Layout of buf:
-// MT x NT tiles of 16x16 fp32, tile (i, j) at buf + (i * NT + j) * 256.
-template <int MT, int NT>
+// acc[m][n] += buf[m][n] * sa[m] * sb[n] for MT x 2 tiles of 16 x 16 fp32 (tile (i, j) at
+// buf + (2 i + j) * 256); sa null means 1, sb null likewise.
+template <int MT>
 inline void promote(const float* buf, float* acc, int64_t acc_ld, const float* sa, const float* sb) {
+  const __m512 sb0 = sb ? _mm512_loadu_ps(sb) : _mm512_set1_ps(1.0f);
+  const __m512 sb1 = sb ? _mm512_loadu_ps(sb + 16) : _mm512_set1_ps(1.0f);
   for (int i = 0; i < MT; ++i)
     for (int r = 0; r < 16; ++r) {
       const int64_t m = i * 16 + r;
       const __m512 vsa = _mm512_set1_ps(sa ? sa[m] : 1.0f);
       float* arow = acc + m * acc_ld;
-      for (int j = 0; j < NT; ++j) {
-        __m512 p = _mm512_load_ps(buf + (i * NT + j) * 256 + r * 16);
-        __m512 sc = sb ? _mm512_mul_ps(vsa, _mm512_loadu_ps(sb + j * 16)) : vsa;
-        _mm512_storeu_ps(arow + j * 16, _mm512_fmadd_ps(p, sc, _mm512_loadu_ps(arow + j * 16)));
-      }
+      const __m512 p0 = _mm512_load_ps(buf + (2 * i) * 256 + r * 16);
+      const __m512 p1 = _mm512_load_ps(buf + (2 * i + 1) * 256 + r * 16);
+      _mm512_storeu_ps(arow, _mm512_fmadd_ps(p0, _mm512_mul_ps(vsa, sb0), _mm512_loadu_ps(arow)));
+      _mm512_storeu_ps(arow + 16, _mm512_fmadd_ps(p1, _mm512_mul_ps(vsa, sb1), _mm512_loadu_ps(arow + 16)));
     }
 }
 
-// One (32 x 32) block: tiles 0-3 accumulate C, 4-5 hold A, 6-7 hold B.
-// A tiles: a0 (rows 0-15), a0 + a_tile_step (rows 16-31), consecutive K steps 1 KiB apart.
-// B tiles: b0 (columns 0-15), b0 + b_tile_step (columns 16-31), consecutive K steps 1 KiB apart.
-// For each promotion block [ks0, ks1) of K steps: sum, then acc += sum * sa * sb.
-void block_2x2(const uint16_t* a0, int64_t a_tile_step, const uint16_t* b0, int64_t b_tile_step, int64_t ks0,
-               int64_t ks1, int64_t steps_per_promo, float* buf, float* acc, int64_t acc_ld, const float* sa,
-               int64_t sa_ld, const float* sb, int64_t sb_ld) {
-  for (int64_t p0 = ks0; p0 < ks1; p0 += steps_per_promo) {
-    const int64_t p1 = std::min(ks1, p0 + steps_per_promo);
-    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+// One (16·MT x 32) block over K steps [0, steps) of the current chunk: tiles 0-3 accumulate C
+// (0, 1 for rows 0-15; 2, 3 for rows 16-31), 4-5 hold A, 6-7 hold B. A tiles: a0 (rows 0-15) and
+// a0 + a_tile_step (rows 16-31), K steps 1 KiB apart; B tiles: b0 and b0 + b_tile_step likewise.
+// Every `spp` steps the sums are promoted: acc += sum * sa[kp] * sb[kp] (kp counted from kp0).
+template <int MT>
+void block(const uint16_t* a0, int64_t a_tile_step, const uint16_t* b0, int64_t b_tile_step, int64_t steps,
+           int64_t spp, int64_t kp0, float* buf, float* acc, int64_t acc_ld, const float* sa, int64_t sa_ld,
+           const float* sb, int64_t sb_ld) {
+  for (int64_t p0 = 0; p0 < steps; p0 += spp) {
+    const int64_t p1 = std::min(steps, p0 + spp);
+    _tile_zero(0);
+    _tile_zero(1);
+    if (MT == 2) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
     for (int64_t ks = p0; ks < p1; ++ks) {
-      _tile_loadd(4, a0 + ks * TILE, 64);
-      _tile_loadd(5, a0 + a_tile_step + ks * TILE, 64);
       _tile_loadd(6, b0 + ks * TILE, 64);
       _tile_loadd(7, b0 + b_tile_step + ks * TILE, 64);
+      _tile_loadd(4, a0 + ks * TILE, 64);
       _tile_dpbf16ps(0, 4, 6);
       _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      if (MT == 2) {
+        _tile_loadd(5, a0 + a_tile_step + ks * TILE, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
     }
     _tile_stored(0, buf, 64);
     _tile_stored(1, buf + 256, 64);
-    _tile_stored(2, buf + 512, 64);
-    _tile_stored(3, buf + 768, 64);
-    const int64_t kp = p0 / steps_per_promo;
-    promote<2, 2>(buf, acc, acc_ld, sa ? sa + kp * sa_ld : nullptr, sb ? sb + kp * sb_ld : nullptr);
-  }
-}
-
-// One (16 x 64) block for short segments: tiles 0-3 accumulate C, 4 holds A, 5 the current B tile.
-void block_1x4(const uint16_t* a0, const uint16_t* b0, int64_t b_tile_step, int64_t ks0, int64_t ks1,
-               int64_t steps_per_promo, float* buf, float* acc, int64_t acc_ld, const float* sa, int64_t sa_ld,
-               const float* sb, int64_t sb_ld) {
-  for (int64_t p0 = ks0; p0 < ks1; p0 += steps_per_promo) {
-    const int64_t p1 = std::min(ks1, p0 + steps_per_promo);
-    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    for (int64_t ks = p0; ks < p1; ++ks) {
-      _tile_loadd(4, a0 + ks * TILE, 64);
-      _tile_loadd(5, b0 + ks * TILE, 64);
-      _tile_dpbf16ps(0, 4, 5);
-      _tile_loadd(6, b0 + b_tile_step + ks * TILE, 64);
-      _tile_dpbf16ps(1, 4, 6);
-      _tile_loadd(7, b0 + 2 * b_tile_step + ks * TILE, 64);
-      _tile_dpbf16ps(2, 4, 7);
-      _tile_loadd(5, b0 + 3 * b_tile_step + ks * TILE, 64);
-      _tile_dpbf16ps(3, 4, 5);
+    if (MT == 2) {
+      _tile_stored(2, buf + 512, 64);
+      _tile_stored(3, buf + 768, 64);
     }
-    _tile_stored(0, buf, 64);
-    _tile_stored(1, buf + 256, 64);
-    _tile_stored(2, buf + 512, 64);
-    _tile_stored(3, buf + 768, 64);
-    const int64_t kp = p0 / steps_per_promo;
-    promote<1, 4>(buf, acc, acc_ld, sa ? sa + kp * sa_ld : nullptr, sb ? sb + kp * sb_ld : nullptr);
+    const int64_t kp = kp0 + p0 / spp;
+    promote<MT>(buf, acc, acc_ld, sa ? sa + kp * sa_ld : nullptr, sb ? sb + kp * sb_ld : nullptr);
   }
 }
 
 #pragma GCC pop_options
 
-// Raw bf16 bits of element k of a row (fp8 / bf16 / e2m1 data); 0 past the row.
+// Raw bf16 bits of element k of an A row (fp8 / bf16).
 inline uint16_t raw_bf16(const uint8_t* row, int kind, int64_t k) {
   if (kind == kBf16) return reinterpret_cast<const uint16_t*>(row)[k];
-  if (kind == kFp8) return pk::fp8_to_bf16_bits(row[k]);
-  const uint8_t code = (k & 1) ? (row[k >> 1] >> 4) : (row[k >> 1] & 0xF);
-  return uint16_t(pk::f32_bits(pk::kE2m1Values[code]) >> 16);
+  return pk::fp8_to_bf16_bits(row[k]);
 }
 
 // A rows [r0, r0 + rows) (row_bytes apart) -> tile order [rtiles][ksteps][16][32] raw bf16,
 // rows past `rows` and K past `K` zero.
 void pack_a_tiles(const uint8_t* a, int kind, int64_t row_bytes, int64_t r0, int64_t rows, int64_t rtiles, int64_t K,
                   int64_t ksteps, uint16_t* out) {
+  static const Fp8Table lut;
   for (int64_t rt = 0; rt < rtiles; ++rt)
     for (int64_t i = 0; i < TM; ++i) {
       const int64_t r = rt * TM + i;
@@ -437,11 +530,7 @@ void pack_a_tiles(const uint8_t* a, int kind, int64_t row_bytes, int64_t r0, int
         uint16_t* t = dst + ks * TILE;
         const int64_t k0 = ks * TK;
         if (kind == kFp8 && k0 + TK <= K) {
-          for (int64_t k = 0; k < TK; k += 16) {
-            __m512 v = pk::fp8x16_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 + k)));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(t + k),
-                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
-          }
+          _mm512_storeu_si512(t, fp8x32_to_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k0)), lut));
         } else if (kind == kBf16 && k0 + TK <= K) {
           std::memcpy(t, reinterpret_cast<const uint16_t*>(row) + k0, TK * 2);
         } else {
@@ -451,21 +540,19 @@ void pack_a_tiles(const uint8_t* a, int kind, int64_t row_bytes, int64_t r0, int
     }
 }
 
-void amx_engine(const Operand& a, const uint16_t* bpk, const Operand& b, const Output& o, const Seg* segs,
-                int64_t nsegs, int64_t N, int64_t K, int64_t promo, int nthreads) {
+void amx_engine(const Operand& a, const Operand& b, const Output& o, const Seg* segs, int64_t nsegs, int64_t N,
+                int64_t K, int64_t promo, bool fold_b, int nthreads) {
   const int64_t ksteps = (K + TK - 1) / TK;
-  const int64_t ntiles = (N + TN - 1) / TN;
-  const int64_t steps_per_promo = promo / TK;
-  const int64_t kp_count = (ksteps + steps_per_promo - 1) / steps_per_promo;
-  // K chunks hold whole promotion blocks
-  const int64_t kc_steps = std::max<int64_t>(1, (KCH / TK) / steps_per_promo) * steps_per_promo;
-  const bool scaled_a = a.scale != nullptr, scaled_b = b.scale != nullptr;
+  const int64_t spp = promo / TK;  // K steps per promotion
+  const int64_t kp_count = (ksteps + spp - 1) / spp;
+  const int64_t kc_steps = std::max<int64_t>(1, (KCH / TK) / spp) * spp;  // chunks hold whole promotion blocks
+  const bool scaled_a = a.scale != nullptr, scaled_b = b.scale != nullptr && !fold_b;
   // per segment: packed A tiles (rows padded to 32) and per-row A scales per promotion block
   std::vector<int64_t> tile_first(nsegs + 1, 0);
   for (int64_t s = 0; s < nsegs; ++s) tile_first[s + 1] = tile_first[s] + (segs[s].rows + 31) / 32 * 2;
   const int64_t total_tiles = tile_first[nsegs];
   if (total_tiles == 0 || N == 0) return;
-  std::unique_ptr<uint16_t[]> apk(new uint16_t[static_cast<size_t>(total_tiles * ksteps * TILE)]);  // every tile is written
+  std::unique_ptr<uint16_t[]> apk(new uint16_t[static_cast<size_t>(total_tiles * ksteps * TILE)]);  // all written
   std::vector<float> sa(scaled_a ? static_cast<size_t>(total_tiles * TM * kp_count) : 0);  // [kp][row]
   const int64_t sa_ld = total_tiles * TM;
   // tasks: (segment, chunk of MCH rows, chunk of NCH columns)
@@ -473,14 +560,14 @@ void amx_engine(const Operand& a, const uint16_t* bpk, const Operand& b, const O
   const int64_t nchunks = (N + NCH - 1) / NCH;
   for (int64_t s = 0; s < nsegs; ++s) task_first[s + 1] = task_first[s] + (segs[s].rows + MCH - 1) / MCH * nchunks;
   const int64_t tasks = task_first[nsegs];
-  const int threads = std::max<int>(1, std::min<int64_t>(nthreads, std::max<int64_t>(tasks, total_tiles)));
+  const int threads = std::max<int>(1, std::min<int64_t>(nthreads, std::max<int64_t>(tasks, total_tiles / 2)));
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < total_tiles / 2; ++t) {  // pairs of row tiles (32 rows)
       const int64_t s = std::upper_bound(tile_first.begin(), tile_first.end(), 2 * t) - tile_first.begin() - 1;
-      const int64_t local = 2 * t - tile_first[s];
-      const int64_t r0 = local * TM, rows = std::max<int64_t>(0, std::min<int64_t>(32, segs[s].rows - r0));
+      const int64_t r0 = (2 * t - tile_first[s]) * TM;
+      const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(32, segs[s].rows - r0));
       pack_a_tiles(a.data, a.kind, a.row_bytes, segs[s].row + r0, rows, 2, K, ksteps, apk.get() + 2 * t * ksteps * TILE);
       if (scaled_a)
         for (int64_t i = 0; i < 32; ++i)
@@ -491,6 +578,8 @@ void amx_engine(const Operand& a, const uint16_t* bpk, const Operand& b, const O
     tile_config();
     std::vector<float> acc(static_cast<size_t>(MCH * NCH));
     std::vector<float> sb(scaled_b ? static_cast<size_t>(kp_count * NCH) : 0);
+    std::unique_ptr<uint16_t[], void (*)(void*)> panel(
+        static_cast<uint16_t*>(std::aligned_alloc(64, 2 * kc_steps * TILE * 2)), std::free);
     alignas(64) float buf[4 * 256];
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
@@ -499,44 +588,33 @@ void amx_engine(const Operand& a, const uint16_t* bpk, const Operand& b, const O
       const int64_t local = t - task_first[s];
       const int64_t m0 = (local / nchunks) * MCH, n0 = (local % nchunks) * NCH;
       const int64_t rows = std::min(MCH, seg.rows - m0), cols = std::min(NCH, N - n0);
-      const int64_t rows32 = (rows + 31) / 32 * 32, cols_pad = (cols + TN - 1) / TN * TN;
-      const int64_t cols32 = (cols + 31) / 32 * 32;
-      std::fill(acc.begin(), acc.begin() + rows32 * NCH, 0.0f);
+      const int64_t rows32 = (rows + 31) / 32 * 32, cols32 = (cols + 31) / 32 * 32;
+      for (int64_t i = 0; i < rows32; ++i) std::fill(acc.begin() + i * NCH, acc.begin() + i * NCH + cols32, 0.0f);
       if (scaled_b) {  // sb[kp][n] for this task's columns (0 past N)
         const float* sg = b.scale + seg.group * b.group_scale;
         for (int64_t kp = 0; kp < kp_count; ++kp)
           for (int64_t n = 0; n < NCH; ++n)
             sb[kp * NCH + n] = n < cols ? sg[((n0 + n) / b.gran_mn) * b.scale_ld + (kp * promo) / b.gran_k] : 0.0f;
       }
-      const uint16_t* bg = bpk + seg.group * ntiles * ksteps * TILE;
+      BSource src{b.data + seg.group * b.group_bytes, b.kind, b.row_bytes, N, K,
+                  fold_b ? b.scale + seg.group * b.group_scale : nullptr, b.scale_ld, b.gran_k};
       const uint16_t* ag = apk.get() + (tile_first[s] + m0 / TM) * ksteps * TILE;
       const float* sag = scaled_a ? sa.data() + (tile_first[s] + m0 / TM) * TM : nullptr;
       for (int64_t kc0 = 0; kc0 < ksteps; kc0 += kc_steps) {
-        const int64_t kc1 = std::min(ksteps, kc0 + kc_steps);
-        const bool short_rows = rows <= 16;
-        if (short_rows) {
-          for (int64_t nb = 0; nb < cols_pad; nb += 64) {
-            // tiles past the padded width read the neighbouring columns' tiles; guard with 1x4 only
-            // when 4 tiles exist, else fall back to 2x2 on the zero-padded rows
-            if (nb + 64 <= (ntiles * TN - n0) && nb + 64 <= NCH) {
-              block_1x4(ag, bg + ((n0 + nb) / TN) * ksteps * TILE, ksteps * TILE, kc0, kc1, steps_per_promo, buf,
-                        acc.data() + nb, NCH, sag, sa_ld, scaled_b ? sb.data() + nb : nullptr, NCH);
-            } else {
-              for (int64_t n2 = nb; n2 < std::min(cols_pad, nb + 64); n2 += 32) {
-                const bool two = (n0 + n2) / TN + 1 < ntiles && n2 + 32 <= NCH;
-                block_2x2(ag, ksteps * TILE, bg + ((n0 + n2) / TN) * ksteps * TILE, two ? ksteps * TILE : 0, kc0,
-                          kc1, steps_per_promo, buf, acc.data() + n2, NCH, sag, sa_ld,
-                          scaled_b ? sb.data() + n2 : nullptr, NCH);
-              }
-            }
-          }
-        } else {
-          for (int64_t nb = 0; nb < cols32; nb += 32) {
-            const bool two = (n0 + nb) / TN + 1 < ntiles && nb + 32 <= NCH;
-            for (int64_t mb = 0; mb < rows32; mb += 32)
-              block_2x2(ag + (mb / TM) * ksteps * TILE, ksteps * TILE, bg + ((n0 + nb) / TN) * ksteps * TILE,
-                        two ? ksteps * TILE : 0, kc0, kc1, steps_per_promo, buf, acc.data() + mb * NCH + nb, NCH,
-                        sag ? sag + mb : nullptr, sa_ld, scaled_b ? sb.data() + nb : nullptr, NCH);
+        const int64_t kc1 = std::min(ksteps, kc0 + kc_steps), steps = kc1 - kc0;
+        for (int64_t nb = 0; nb < cols32; nb += 32) {
+          convert_b_panel(src, n0 + nb, kc0, kc1, panel.get());
+          for (int64_t mb = 0; mb < rows32; mb += 32) {
+            const uint16_t* am = ag + (mb / TM) * ksteps * TILE + kc0 * TILE;
+            float* accb = acc.data() + mb * NCH + nb;
+            const float* sam = sag ? sag + mb : nullptr;
+            const float* sbn = scaled_b ? sb.data() + nb : nullptr;
+            if (rows - mb <= 16)
+              block<1>(am, ksteps * TILE, panel.get(), steps * TILE, steps, spp, kc0 / spp, buf, accb, NCH, sam,
+                       sa_ld, sbn, NCH);
+            else
+              block<2>(am, ksteps * TILE, panel.get(), steps * TILE, steps, spp, kc0 / spp, buf, accb, NCH, sam,
+                       sa_ld, sbn, NCH);
           }
         }
       }
@@ -545,33 +623,6 @@ void amx_engine(const Operand& a, const uint16_t* bpk, const Operand& b, const O
     }
     tile_release();
   }
-}
-
-// B [G, N, K] -> [G][N/16 tiles][K/32 steps][16 pairs][16 columns][2] raw bf16 (VNNI), zero padded.
-// With `scale` (e2m1 data whose per-(1, gran_k) scales are powers of two) the values are b·scale,
-// still exact in bf16, so the kernel needs no B promotion.
-void pack_b_vnni(const uint8_t* b, int kind, const float* scale, int64_t gran_k, int64_t G, int64_t N, int64_t K,
-                 int64_t row_bytes, uint16_t* out, int nthreads) {
-  const int64_t ksteps = (K + TK - 1) / TK, ntiles = (N + TN - 1) / TN;
-  const int64_t sld = scale ? (K + gran_k - 1) / gran_k : 0;
-#pragma omp parallel for num_threads(nthreads) schedule(static) collapse(2)
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t nt = 0; nt < ntiles; ++nt) {
-      uint16_t* dst = out + (g * ntiles + nt) * ksteps * TILE;
-      for (int64_t ks = 0; ks < ksteps; ++ks)
-        for (int64_t p = 0; p < TK / 2; ++p)
-          for (int64_t c = 0; c < TN; ++c)
-            for (int64_t j = 0; j < 2; ++j) {
-              const int64_t n = nt * TN + c, k = ks * TK + 2 * p + j;
-              uint16_t v = 0;
-              if (n < N && k < K) {
-                const uint8_t* row = b + (g * N + n) * row_bytes;
-                v = raw_bf16(row, kind, k);
-                if (scale) v = pk::f32_to_bf16(pk::bf16_to_f32(v) * scale[(g * N + n) * sld + k / gran_k]);
-              }
-              dst[ks * TILE + p * 32 + c * 2 + j] = v;
-            }
-    }
 }
 #endif  // x86-64 with AVX-512
 
@@ -606,31 +657,21 @@ PK_EXPORT int pk_amx_available() {
 #endif
 }
 
-// Bytes pk_pack_b_vnni writes for B [G, N, K].
-PK_EXPORT int64_t pk_vnni_bytes(int64_t G, int64_t N, int64_t K) {
-  return G * ((N + 15) / 16) * ((K + 31) / 32) * 16 * 32 * 2;
-}
-
-PK_EXPORT void pk_pack_b_vnni(const void* b, int kind, const float* scale, int64_t gran_k, int64_t G, int64_t N,
-                              int64_t K, int64_t row_bytes, void* out, int nthreads) {
-#ifdef PK_HAVE_AMX_CODE
-  pack_b_vnni(static_cast<const uint8_t*>(b), kind, scale, gran_k, G, N, K, row_bytes, static_cast<uint16_t*>(out),
-              pk::thread_count(nthreads));
-#endif
-}
-
-// D[rows of each segment] = C + A·B[group]ᵀ with the amx engine. bpk: pk_pack_b_vnni's output for B;
-// sfb (or null when B is bf16 or its scales were folded into bpk) [G, ceil(N/b_gran_n), ceil(K/b_gran_k)];
-// promo: K elements per promotion (a multiple of 32 dividing both granularities; K-padded for bf16).
+// D[rows of each segment] = C + A·B[group]ᵀ with the amx engine: arguments as pk_gemm_fma, plus
+// promo (K elements per promotion: a multiple of 32 dividing the scaled operands' K granularities)
+// and fold_b (e2m1 B with power-of-two scales: they are folded into the values, not promoted).
 PK_EXPORT void pk_gemm_amx(const void* a, int a_kind, const float* sfa, int64_t a_gran_k, int64_t a_row_bytes,
-                           int64_t a_scale_ld, const void* bpk, const float* sfb, int64_t b_gran_n, int64_t b_gran_k,
-                           int64_t b_scale_ld, int64_t b_group_scale, void* d, int d_bf16, const void* c, int c_bf16,
-                           const int64_t* segs, int64_t nsegs, int64_t N, int64_t K, int64_t promo, int nthreads) {
+                           int64_t a_scale_ld, const void* b, int b_kind, const float* sfb, int64_t b_gran_n,
+                           int64_t b_gran_k, int64_t b_row_bytes, int64_t b_scale_ld, int64_t b_group_bytes,
+                           int64_t b_group_scale, void* d, int d_bf16, const void* c, int c_bf16,
+                           const int64_t* segs, int64_t nsegs, int64_t N, int64_t K, int64_t promo, int fold_b,
+                           int nthreads) {
 #ifdef PK_HAVE_AMX_CODE
   Operand A{static_cast<const uint8_t*>(a), a_kind, sfa, 1, a_gran_k, a_row_bytes, a_scale_ld, 0, 0};
-  Operand B{nullptr, kBf16, sfb, b_gran_n, b_gran_k, 0, b_scale_ld, 0, b_group_scale};
+  Operand B{static_cast<const uint8_t*>(b), b_kind, sfb, b_gran_n, b_gran_k, b_row_bytes, b_scale_ld,
+            b_group_bytes, b_group_scale};
   Output O{d, d_bf16, c, c_bf16, N};
-  amx_engine(A, static_cast<const uint16_t*>(bpk), B, O, reinterpret_cast<const Seg*>(segs), nsegs, N, K, promo,
+  amx_engine(A, B, O, reinterpret_cast<const Seg*>(segs), nsegs, N, K, promo, fold_b != 0,
              pk::thread_count(nthreads));
 #endif
 }

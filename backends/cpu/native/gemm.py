@@ -24,15 +24,13 @@ LIB = register_library(NativeLibrary("cpu_gemm", Path(__file__).with_name("gemm.
                     PTR, I32, PTR, I64, I64, I64, I64, I64, I64,  # b, kind, sfb, gran_n, gran_k, row bytes, scale ld, group bytes, group scale
                     PTR, I32, PTR, I32,                      # d, d_bf16, c, c_bf16
                     PTR, I64, I64, I64, I32],                # segs, nsegs, N, K, threads
-    "pk_gemm_amx": [PTR, I32, PTR, I64, I64, I64,             # a, kind, sfa, gran_k, row bytes, scale ld
-                    PTR, PTR, I64, I64, I64, I64,              # packed b, sfb, gran_n, gran_k, scale ld, group scale
-                    PTR, I32, PTR, I32,                        # d, d_bf16, c, c_bf16
-                    PTR, I64, I64, I64, I64, I32],             # segs, nsegs, N, K, promo, threads
-    "pk_pack_b_vnni": [PTR, I32, PTR, I64, I64, I64, I64, I64, PTR, I32],
-    "pk_vnni_bytes": [I64, I64, I64],
+    "pk_gemm_amx": [PTR, I32, PTR, I64, I64, I64,
+                    PTR, I32, PTR, I64, I64, I64, I64, I64, I64,
+                    PTR, I32, PTR, I32,
+                    PTR, I64, I64, I64, I64, I32, I32],      # ..., K, promo, fold_b, threads
     "pk_amx_available": [],
     "pk_gemm_vector_length": [],
-}, returns={"pk_gemm_vector_length": I32, "pk_amx_available": I32, "pk_vnni_bytes": I64}))
+}, returns={"pk_gemm_vector_length": I32, "pk_amx_available": I32}))
 
 FP8 = torch.float8_e4m3fn
 KIND_FP8, KIND_BF16, KIND_FP4 = 0, 1, 2
@@ -81,14 +79,18 @@ def _check_segments(op: str, segments: torch.Tensor, m: int, g: int) -> None:
 
 def gemm_segments(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: int,
                   b: torch.Tensor, sfb: torch.Tensor | None, b_gran: tuple[int, int],
-                  d: torch.Tensor, c: torch.Tensor | None, segments: torch.Tensor, k: int) -> None:
-    """D[rows of each segment] = C + A·B[group]ᵀ with the fma engine (dequantize in registers).
+                  d: torch.Tensor, c: torch.Tensor | None, segments: torch.Tensor, k: int, *,
+                  engine: str = "auto", b_pow2: bool = False) -> str:
+    """D[rows of each segment] = C + A·B[group]ᵀ; returns the engine that ran ("fma" or "amx").
 
     a: fp8 or bf16 [M, K] (rows may be strided), sfa fp32 [M, ceil(K/a_gran_k)] or None for bf16
     b: fp8 / bf16 / uint8-packed e2m1 [G, N, K (K/2 packed)] contiguous; sfb fp32
        [G, ceil(N/b_gran[0]), ceil(K/b_gran[1])] or None for bf16
     d: bf16/fp32 [M, N] contiguous; c: None or fp32/bf16 [M, N] contiguous
     segments: int64 [S, 3] (first row, rows, group), rows within [0, M), groups within [0, G)
+    engine: "fma" (dequantize B in L1, fp32 FMA), "amx" (raw bf16 tiles, per-block promotion) or
+        "auto" (amx when this CPU has it and the granularities allow, else fma)
+    b_pow2: every sfb is a power of two (e2m1 B: the amx engine then folds them into B's values)
     """
     lib = LIB.get()
     if lib is None:
@@ -119,18 +121,28 @@ def gemm_segments(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: 
         chk.tensor(op, "c", c, OUT_DTYPES, (m, n), "pass c [M, N] in fp32 or d's dtype")
         chk.contiguous(op, "c", c)
     _check_segments(op, segments, m, g)
+    fold = kb == KIND_FP4 and b_pow2
+    period = promotion_period(a_gran_k if sfa is not None else None, gk if (sfb is not None and not fold) else None)
+    if engine == "auto":
+        engine = "amx" if period is not None and amx_available() else "fma"
+    if engine == "amx" and (period is None or not amx_available()):
+        chk.fail(op, "engine", "'amx'", "an engine this CPU and these granularities allow",
+                 "use engine='fma' (AMX-BF16 missing, or K granularities not multiples of 32)")
+    if engine not in ("fma", "amx"):
+        chk.fail(op, "engine", repr(engine), "'auto', 'fma' or 'amx'", "pass one of those")
     if m == 0 or n == 0 or segments.shape[0] == 0:
-        return
+        return engine
     elem_b = 1 if kb != KIND_BF16 else 2
-    b_row_bytes = b.stride(1) * elem_b
-    sfb_ld = 0 if sfb is None else sfb.shape[-1]
-    sfb_group = 0 if sfb is None else sfb.shape[-1] * sfb.shape[-2]
-    lib.pk_gemm_fma(a.data_ptr(), ka, chk.ptr(sfa), a_gran_k, a_row * a.element_size(),
-                    0 if sfa is None else sfa.shape[1],
-                    b.data_ptr(), kb, chk.ptr(sfb), gn, gk, b_row_bytes, sfb_ld, b.stride(0) * elem_b, sfb_group,
-                    d.data_ptr(), int(d.dtype == torch.bfloat16), chk.ptr(c),
-                    int(c is not None and c.dtype == torch.bfloat16),
-                    segments.data_ptr(), segments.shape[0], n, k, num_threads())
+    common = (a.data_ptr(), ka, chk.ptr(sfa), a_gran_k, a_row * a.element_size(), 0 if sfa is None else sfa.shape[1],
+              b.data_ptr(), kb, chk.ptr(sfb), gn, gk, b.stride(1) * elem_b, 0 if sfb is None else sfb.shape[-1],
+              b.stride(0) * elem_b, 0 if sfb is None else sfb.shape[-1] * sfb.shape[-2],
+              d.data_ptr(), int(d.dtype == torch.bfloat16), chk.ptr(c),
+              int(c is not None and c.dtype == torch.bfloat16), segments.data_ptr(), segments.shape[0], n, k)
+    if engine == "amx":
+        lib.pk_gemm_amx(*common, period, int(fold), num_threads())
+    else:
+        lib.pk_gemm_fma(*common, num_threads())
+    return engine
 
 
 # -- the amx engine (x86 with AMX-BF16): raw bf16 tiles, per-block promotion ---------------------------
@@ -151,31 +163,6 @@ def amx_available() -> bool:
     return _amx
 
 
-def pack_b_tiles(op: str, b: torch.Tensor, fold_scale: torch.Tensor | None = None, gran_k: int = 0) -> torch.Tensor:
-    """B [G, N, K] (fp8 / bf16 / packed e2m1, contiguous) -> its raw values in bf16, in the amx
-    engine's VNNI tile order: bf16 [G, ceil(N/16), ceil(K/32), 16, 32], zero padded. Exact (e4m3 and
-    e2m1 values fit in bf16). `fold_scale` (e2m1 only): power-of-two fp32 [G, N, ceil(K/gran_k)]
-    multiplied in (still exact), so the kernel promotes only A's scales."""
-    lib = LIB.get()
-    if lib is None or not amx_available():
-        raise RuntimeError(f"{op}: the amx engine is unavailable here")
-    kind = _kind(op, "b", b)
-    chk.contiguous(op, "b", b)
-    if b.dim() != 3:
-        chk.fail(op, "b", f"{b.dim()}-D", "[G, N, K]", "add the group dim")
-    g, n, kb = b.shape
-    k = kb * 2 if kind == KIND_FP4 else kb
-    if fold_scale is not None:
-        if kind != KIND_FP4:
-            chk.fail(op, "fold_scale", "given for non-e2m1 data", "None", "fold scales only into e2m1 weights")
-        chk.tensor(op, "fold_scale", fold_scale, (torch.float32,), (g, n, cdiv(k, gran_k)))
-        chk.contiguous(op, "fold_scale", fold_scale)
-    out = torch.empty(g, cdiv(n, 16), cdiv(k, AMX_K_STEP), 16, AMX_K_STEP, dtype=torch.bfloat16)
-    lib.pk_pack_b_vnni(b.data_ptr(), kind, chk.ptr(fold_scale), gran_k, g, n, k, b.stride(1) * b.element_size(),
-                       out.data_ptr(), num_threads())
-    return out
-
-
 def promotion_period(a_gran_k: int | None, b_gran_k: int | None) -> int | None:
     """K elements between promotions: the gcd of the scaled operands' K granularities when it is a
     multiple of the tile step, AMX_UNSCALED_PERIOD when nothing is scaled, else None (no amx)."""
@@ -186,51 +173,3 @@ def promotion_period(a_gran_k: int | None, b_gran_k: int | None) -> int | None:
     return period if period % AMX_K_STEP == 0 else None
 
 
-def gemm_segments_amx(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: int, b_tiles: torch.Tensor,
-                      sfb: torch.Tensor | None, b_gran: tuple[int, int], n: int, k: int, d: torch.Tensor,
-                      c: torch.Tensor | None, segments: torch.Tensor) -> None:
-    """D[rows of each segment] = C + A·B[group]ᵀ with the amx engine.
-
-    a, sfa, d, c, segments: as in gemm_segments; b_tiles: pack_b_tiles(B) for B [G, N, K];
-    sfb: fp32 [G, ceil(N/b_gran[0]), ceil(K/b_gran[1])], or None (bf16 B, or scales folded at packing).
-    """
-    lib = LIB.get()
-    if lib is None or not amx_available():
-        raise RuntimeError(f"{op}: the amx engine is unavailable here")
-    ka = _kind(op, "a", a)
-    if ka == KIND_FP4:
-        chk.fail(op, "a", "packed e2m1 data", "fp8 or bf16 activations", "quantize a with per_token_cast_to_fp8")
-    if a.dim() != 2 or a.shape[1] != k:
-        chk.fail(op, "a", f"of shape {tuple(a.shape)}", f"[M, K = {k}]", "pass A [M, K]")
-    m = a.shape[0]
-    a_row = chk.row_stride(op, "a", a)
-    _check_scale(op, "sfa", sfa, ka, (m, cdiv(k, a_gran_k)))
-    chk.tensor(op, "b_tiles", b_tiles, (torch.bfloat16,))
-    chk.contiguous(op, "b_tiles", b_tiles)
-    if b_tiles.dim() != 5 or tuple(b_tiles.shape[1:]) != (cdiv(n, 16), cdiv(k, AMX_K_STEP), 16, AMX_K_STEP):
-        chk.fail(op, "b_tiles", f"of shape {tuple(b_tiles.shape)}",
-                 f"[G, {cdiv(n, 16)}, {cdiv(k, AMX_K_STEP)}, 16, {AMX_K_STEP}] (pack_b_tiles of B [G, {n}, {k}])",
-                 "pack the weight with pack_b_tiles")
-    g = b_tiles.shape[0]
-    gn, gk = b_gran
-    if sfb is not None:
-        _check_scale(op, "sfb", sfb, KIND_FP8, (g, cdiv(n, gn), cdiv(k, gk)))
-    period = promotion_period(a_gran_k if sfa is not None else None, gk if sfb is not None else None)
-    if period is None:
-        chk.fail(op, "granularity", f"K granularities a {a_gran_k}, b {gk}", "multiples of 32",
-                 "use the fma engine (gemm_segments) for other granularities")
-    chk.tensor(op, "d", d, OUT_DTYPES, (m, n), "allocate d [M, N] in bf16 or fp32")
-    chk.contiguous(op, "d", d)
-    if c is not None:
-        chk.tensor(op, "c", c, OUT_DTYPES, (m, n), "pass c [M, N] in fp32 or d's dtype")
-        chk.contiguous(op, "c", c)
-    _check_segments(op, segments, m, g)
-    if m == 0 or n == 0 or segments.shape[0] == 0:
-        return
-    lib.pk_gemm_amx(a.data_ptr(), ka, chk.ptr(sfa), a_gran_k, a_row * a.element_size(),
-                    0 if sfa is None else sfa.shape[1],
-                    b_tiles.data_ptr(), chk.ptr(sfb), gn, gk, 0 if sfb is None else sfb.shape[-1],
-                    0 if sfb is None else sfb.shape[-1] * sfb.shape[-2],
-                    d.data_ptr(), int(d.dtype == torch.bfloat16), chk.ptr(c),
-                    int(c is not None and c.dtype == torch.bfloat16),
-                    segments.data_ptr(), segments.shape[0], n, k, period, num_threads())
