@@ -38,6 +38,8 @@ INCLUDE_DIR = Path(__file__).resolve().parent
 ISA_LEVELS = ("avx512", "avx2", "neon", "generic")
 DISABLE_ENV = "PK_NATIVE"
 ISA_ENV = "PK_NATIVE_ISA"
+#: owner of libraries every backend may use (layout encoders)
+SHARED = "portable_kernels"
 #: bumped when the C ABI conventions of this module change (part of every build key)
 ABI_VERSION = "pk-native-1"
 
@@ -131,11 +133,14 @@ class NativeLibrary:
 
     functions: name -> argtypes (every function returns void or, when listed in `returns`, that
     type). The source's tracked includes (pk_native.h) and the ISA flags go into the build key.
+    owner: the backend whose kernels these are, or SHARED (portable_kernels' own helpers).
     """
 
     def __init__(self, family: str, source: Path, functions: Mapping[str, Sequence[Any]],
-                 returns: Mapping[str, Any] | None = None, include_dirs: Sequence[Path] = ()) -> None:
+                 returns: Mapping[str, Any] | None = None, include_dirs: Sequence[Path] = (),
+                 owner: str = SHARED) -> None:
         self.family = family
+        self.owner = owner
         self.source = Path(source)
         self.functions = dict(functions)
         self.returns = dict(returns or {})

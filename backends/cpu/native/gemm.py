@@ -15,9 +15,11 @@ from pathlib import Path
 import torch
 
 from portable_kernels.native.build import I32, I64, PTR, NativeLibrary, num_threads, register_library
-from portable_kernels.tensors import cdiv
+from portable_kernels.tensors import PreparedTensor, cdiv
 
+from .._names import BACKEND
 from . import _checks as chk
+from ._names import NATIVE
 
 LIB = register_library(NativeLibrary("cpu_gemm", Path(__file__).with_name("gemm.cpp"), {
     "pk_gemm_fma": [PTR, I32, PTR, I64, I64, I64,            # a, kind, sfa, gran_k, row bytes, scale ld
@@ -30,7 +32,7 @@ LIB = register_library(NativeLibrary("cpu_gemm", Path(__file__).with_name("gemm.
                     PTR, I64, I64, I64, I64, I32, I32],      # ..., K, promo, fold_b, threads
     "pk_amx_available": [],
     "pk_gemm_vector_length": [],
-}, returns={"pk_gemm_vector_length": I32, "pk_amx_available": I32}))
+}, returns={"pk_gemm_vector_length": I32, "pk_amx_available": I32}, owner=BACKEND))
 
 FP8 = torch.float8_e4m3fn
 KIND_FP8, KIND_BF16, KIND_FP4 = 0, 1, 2
@@ -151,16 +153,19 @@ def gemm_segments(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: 
 AMX_K_STEP = 32
 #: promotion period used when nothing is scaled (bf16 operands): only the K chunking needs it
 AMX_UNSCALED_PERIOD = 512
-_amx: bool | None = None
+_amx: dict[int, bool] = {}
 
 
 def amx_available() -> bool:
-    """The amx engine can run: the library built and the CPU granted AMX tile state."""
-    global _amx
-    if _amx is None:
-        lib = LIB.get()
-        _amx = bool(lib is not None and lib.pk_amx_available())
-    return _amx
+    """The amx engine can run: the library (as built for this ISA) has it and the CPU granted AMX
+    tile state to this process."""
+    lib = LIB.get()
+    if lib is None:
+        return False
+    known = _amx.get(id(lib))
+    if known is None:
+        known = _amx[id(lib)] = bool(lib.pk_amx_available())
+    return known
 
 
 def promotion_period(a_gran_k: int | None, b_gran_k: int | None) -> int | None:
@@ -173,3 +178,148 @@ def promotion_period(a_gran_k: int | None, b_gran_k: int | None) -> int | None:
     return period if period % AMX_K_STEP == 0 else None
 
 
+
+
+# -- providers (cpu backend, "native") -------------------------------------------------------------------
+
+#: segments with at most this many rows run the fma engine even where AMX exists: for a handful of
+#: rows the bytes of B dominate, and the fma engine reads them with the least work per byte
+FMA_MAX_ROWS = 4
+
+
+def _engine_for(rows: int) -> str:
+    return "fma" if rows <= FMA_MAX_ROWS else "auto"
+
+
+def _unavailable() -> list[str]:
+    return [] if LIB.get() is not None else [f"native GEMM library unavailable: {LIB.reason()}"]
+
+
+def _per_row_a(call) -> list[str]:
+    """A's scales must be per row (gran_mn 1); B may use any block shape."""
+    reasons = _unavailable()
+    a = call.a
+    if isinstance(a, PreparedTensor) and a.storage_granularity[0] != 1:
+        reasons.append(f"a is scaled per {a.storage_granularity} blocks; the native GEMM reads per-row "
+                       "(1, gran_k) activation scales")
+    return reasons
+
+
+def _granularities(call) -> tuple:
+    return tuple(tuple(t.storage_granularity) if isinstance(t, PreparedTensor) else None for t in (call.a, call.b))
+
+
+def _quant_parts(t: PreparedTensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    return t.data, t.scale, tuple(t.storage_granularity)
+
+
+def fp8_gemm_nt_native(call) -> None:
+    """GemmInputs with PLAIN e4m3 a, e4m3 (or e2m1) b: D = C + A·Bᵀ, exact per-block scaling."""
+    a, sfa, ga = _quant_parts(call.a)
+    b, sfb, gb = _quant_parts(call.b)
+    m = a.shape[0]
+    gemm_segments(FP8_OP, a, sfa, ga[1], b[None], sfb[None], gb, call.d, call.c, dense_segments(m),
+                  call.a.shape[-1], engine=_engine_for(m), b_pow2=call.b.ue8m0)
+
+
+def bf16_gemm_nt_native(call) -> None:
+    """GemmInputs with bf16 a, b: D = C + A·Bᵀ accumulated in fp32 (any d dtype, with c)."""
+    m = call.a.shape[0]
+    gemm_segments(BF16_OP, call.a, None, AMX_UNSCALED_PERIOD, call.b[None], None, (1, 1), call.d, call.c,
+                  dense_segments(m), call.a.shape[1], engine=_engine_for(m))
+
+
+def bf16_gemm_nt_blas(call) -> None:
+    """torch.matmul into d (oneDNN/MKL: the vendor BLAS torch ships) — bf16 d without c only, where
+    its single rounding of the fp32 sum to bf16 is the contract's own."""
+    if call.d.numel():
+        torch.matmul(call.a, call.b.T, out=call.d)
+
+
+def contiguous_segments(groups: torch.Tensor) -> torch.Tensor:
+    """Runs of equal group ids >= 0 in a row -> group map: int64 [S, 3] (first row, rows, group)."""
+    m = groups.shape[0]
+    if m == 0:
+        return torch.empty(0, 3, dtype=torch.int64)
+    g = groups.to(torch.int64)
+    change = torch.ones(m, dtype=torch.bool)
+    change[1:] = g[1:] != g[:-1]
+    starts = torch.nonzero(change).flatten()
+    lengths = torch.diff(starts, append=torch.tensor([m]))
+    seg = torch.stack((starts, lengths, g[starts]), 1)
+    return seg[seg[:, 2] >= 0].contiguous()
+
+
+def masked_segments(masked_m: torch.Tensor, max_m: int) -> torch.Tensor:
+    """Group g's first masked_m[g] rows of the flattened [G * max_m] rows: int64 [S, 3]."""
+    counts = masked_m.to(torch.int64).clamp(0, max_m)
+    groups = torch.arange(counts.shape[0], dtype=torch.int64)
+    seg = torch.stack((groups * max_m, counts, groups), 1)
+    return seg[counts > 0].contiguous()
+
+
+def _grouped_operands(call):
+    a, b = call.a, call.b
+    if isinstance(a, PreparedTensor):
+        return a.data, a.scale, a.storage_granularity[1], b.data, b.scale, tuple(b.storage_granularity)
+    return a, None, AMX_UNSCALED_PERIOD, b, None, (1, 1)
+
+
+def m_grouped_contiguous_native(call) -> None:
+    """ContiguousGroupedInputs: one pass over every group's runs of rows; padding rows untouched."""
+    from portable_kernels.grouped_gemm import row_groups
+    a, sfa, ga_k, b, sfb, gb = _grouped_operands(call)
+    groups = row_groups(call.grouped_layout, call.use_psum_layout, call.alignment, call.d.shape[0])
+    segs = contiguous_segments(groups)
+    rows = int(segs[:, 1].max()) if segs.numel() else 0
+    gemm_segments(call_op(call), a, sfa, ga_k, b, sfb, gb, call.d, None, segs, a.shape[-1], engine=_engine_for(rows))
+
+
+def m_grouped_masked_native(call) -> None:
+    """MaskedGroupedInputs: group g's first masked_m[g] rows; rows past them untouched."""
+    a, sfa, ga_k, b, sfb, gb = _grouped_operands(call)
+    g, max_m, k = a.shape
+    segs = masked_segments(call.masked_m, max_m)
+    rows = int(segs[:, 1].max()) if segs.numel() else 0
+    d = call.d.view(g * max_m, call.d.shape[-1])
+    gemm_segments(call_op(call), a.reshape(g * max_m, k), None if sfa is None else sfa.reshape(g * max_m, -1), ga_k,
+                  b, sfb, gb, d, None, segs, k, engine=_engine_for(rows))
+
+
+def call_op(call) -> str:
+    fp8 = isinstance(call.a, PreparedTensor)
+    masked = hasattr(call, "masked_m")
+    return f"m_grouped_{'fp8' if fp8 else 'bf16'}_gemm_nt_{'masked' if masked else 'contiguous'}"
+
+
+FP8_OP, BF16_OP = "fp8_gemm_nt", "bf16_gemm_nt"
+PRIORITY = 10
+DOC = "C++ (deepjit): AMX bf16 tiles with per-block fp32 promotion, or fp32 FMA for a few rows"
+
+
+def register(registry) -> None:
+    from portable_kernels.formats import PLAIN
+    from portable_kernels.fp4 import FP8_FP4_GEMM_NT
+    from portable_kernels.gemm import BF16_GEMM_NT, FP8_GEMM_NT
+    from portable_kernels.grouped_gemm import (M_GROUPED_BF16_CONTIGUOUS, M_GROUPED_BF16_MASKED,
+                                               M_GROUPED_FP8_CONTIGUOUS, M_GROUPED_FP8_MASKED)
+    out = {"d": OUT_DTYPES}
+    plain = {"a": (PLAIN,), "b": (PLAIN,)}
+    for contract in (FP8_GEMM_NT, FP8_FP4_GEMM_NT):
+        registry.kernel(contract.name, BACKEND, NATIVE, priority=PRIORITY, formats=plain, dtypes=out,
+                        devices=("cpu",), check=_per_row_a, shape_class=_granularities, doc=DOC)(fp8_gemm_nt_native)
+    registry.kernel(BF16_GEMM_NT.name, BACKEND, "torch-blas", priority=PRIORITY + 10,
+                    dtypes={"a": (torch.bfloat16,), "b": (torch.bfloat16,), "d": (torch.bfloat16,)}, devices=("cpu",),
+                    check=lambda call: [] if call.c is None else ["c is given: torch.matmul cannot add an fp32 "
+                                                                  "accumulator before rounding to bf16"],
+                    doc="torch.matmul into d (the BLAS torch ships: oneDNN / MKL); bf16 d, no c")(bf16_gemm_nt_blas)
+    registry.kernel(BF16_GEMM_NT.name, BACKEND, NATIVE, priority=PRIORITY, dtypes=out, devices=("cpu",),
+                    check=lambda call: _unavailable(), doc=DOC)(bf16_gemm_nt_native)
+    for contract in (M_GROUPED_FP8_CONTIGUOUS, M_GROUPED_BF16_CONTIGUOUS):
+        registry.kernel(contract.name, BACKEND, NATIVE, priority=PRIORITY, formats=plain, dtypes=out,
+                        devices=("cpu",), check=_per_row_a, shape_class=_granularities,
+                        doc=DOC)(m_grouped_contiguous_native)
+    for contract in (M_GROUPED_FP8_MASKED, M_GROUPED_BF16_MASKED):
+        registry.kernel(contract.name, BACKEND, NATIVE, priority=PRIORITY, formats=plain, dtypes=out,
+                        devices=("cpu",), check=_per_row_a, shape_class=_granularities,
+                        doc=DOC)(m_grouped_masked_native)
