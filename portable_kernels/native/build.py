@@ -47,6 +47,7 @@ ABI_VERSION = "pk-native-1"
 PTR = ctypes.c_void_p
 I64 = ctypes.c_int64
 I32 = ctypes.c_int32
+U32 = ctypes.c_uint32
 F32 = ctypes.c_float
 F64 = ctypes.c_double
 
