@@ -104,7 +104,7 @@ def isa() -> str:
 def compiler_flags(level: str | None = None) -> list[str]:
     """-O3 -fopenmp and the -march of an ISA level; these flags are part of every build key."""
     level = level or isa()
-    flags = ["-O3", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-maybe-uninitialized"]
+    flags = ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-Wall", "-Wno-maybe-uninitialized"]
     if level == "avx512":
         flags += ["-march=x86-64-v4", "-mprefer-vector-width=512"]
         if "avx512bf16" in detected_isa()[1]:
