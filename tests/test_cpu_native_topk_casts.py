@@ -147,3 +147,30 @@ def test_casts_refuse_bad_arguments():
         nc.cast_fp8(randn(2, 5, seed=1).double(), (1, 128), False)
     with pytest.raises(ContractError, match="'pos_to_expert'"):
         nc.swiglu_cast(randn(4, 8, seed=1), 128, False, pos_to_expert=torch.zeros(3, dtype=torch.int32))
+
+
+@needs_topk
+def test_topk_finds_nan_in_its_own_pass_and_refuses_it():
+    x = randn(3, 100, seed=2)
+    x[1, 40] = float("nan")
+    with pytest.raises(ContractError, match="NaN inside the valid range"):
+        nt.topk_native(x, 4)
+    end = torch.tensor([100, 40, 100], dtype=torch.int32)  # the NaN lies past row 1's end: fine
+    values, indices = nt.topk_native(x, 4, end=end)
+    _check_topk(x, 4, end, values, indices, False)
+    with pytest.raises(ContractError, match="NaN"):
+        nt.topk_native(x.bfloat16(), 64)
+
+
+@needs_casts
+def test_casts_refuse_nonfinite_blocks_when_scales_are_powers_of_two():
+    x = randn(2, 256, seed=6)
+    x[0, 3] = float("inf")
+    with pytest.raises(ContractError, match="'x'"):
+        nc.cast_fp8(x, (1, 128), True)
+    with pytest.raises(ContractError, match="'x'"):
+        nc.cast_fp4(x, 32, True)
+    with pytest.raises(ContractError, match="'x'"):
+        nc.swiglu_cast(x, 128, True)
+    q, s = nc.cast_fp8(x, (1, 128), False)  # without UE8M0 the Inf stays in its block
+    assert bool(torch.isinf(s[0, 0])) and bool(torch.isfinite(s[1]).all())

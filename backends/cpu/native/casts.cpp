@@ -89,14 +89,17 @@ inline __m512 clamp_fp8(__m512 q) {  // NaN lanes pass through (max/min return t
 #endif
 
 // One (gm x gk) block of rows r0.. (count rows), columns k0..k0+kn of x [.., K] -> q, and its scale.
+// `bad` counts blocks whose amax is NaN or Inf while ue8m0: they have no power-of-two scale and the
+// caller refuses the input (the contract's error).
 float cast_block_fp8(const void* x, int kind, int64_t K, int64_t r0, int64_t rows, int64_t k0, int64_t kn,
-                     bool ue8m0, uint8_t* q) {
+                     bool ue8m0, uint8_t* q, int64_t* bad) {
   float amax;
 #if defined(__AVX512F__)
   AbsMax am;
   for (int64_t r = r0; r < r0 + rows; ++r)
     for (int64_t k = 0; k < kn; k += 16) am.add(load16(x, kind, r * K + k0 + k, tail_mask(kn - k)));
   amax = am.get();
+  if (ue8m0 && !std::isfinite(amax)) ++*bad;
   const float sf = scale_from_amax(amax, pk::kFp8Max, ue8m0);
   const __m512 vsf = _mm512_set1_ps(sf);
   for (int64_t r = r0; r < r0 + rows; ++r)
@@ -115,6 +118,7 @@ float cast_block_fp8(const void* x, int kind, int64_t K, int64_t r0, int64_t row
       amax = std::max(amax, std::fabs(v));
     }
   if (nan) amax = std::nanf("");
+  if (ue8m0 && !std::isfinite(amax)) ++*bad;
   const float sf = scale_from_amax(amax, pk::kFp8Max, ue8m0);
   for (int64_t r = r0; r < r0 + rows; ++r)
     for (int64_t k = 0; k < kn; ++k) q[r * K + k0 + k] = quant_fp8(load1(x, kind, r * K + k0 + k), sf);
@@ -146,13 +150,20 @@ inline __m512i f32x16_to_e2m1(__m512 x) {
 #endif
 
 // One row of x (K elements, K even) -> packed codes (K/2 bytes) and ceil(K/gk) scales.
-void cast_row_fp4(const void* x, int kind, int64_t K, int64_t gk, bool ue8m0, uint8_t* q, float* scale,
-                  std::vector<uint8_t>& codes) {
+int64_t cast_row_fp4(const void* x, int kind, int64_t K, int64_t gk, bool ue8m0, uint8_t* q, float* scale,
+                     std::vector<uint8_t>& codes) {
+  int64_t bad = 0;
   codes.resize(static_cast<size_t>(K));
   for (int64_t k0 = 0, b = 0; k0 < K; k0 += gk, ++b) {
     const int64_t kn = std::min(gk, K - k0);
     float amax = 0.0f;
-    for (int64_t k = 0; k < kn; ++k) amax = std::max(amax, std::fabs(load1(x, kind, k0 + k)));
+    bool nan = false;
+    for (int64_t k = 0; k < kn; ++k) {
+      const float v = load1(x, kind, k0 + k);
+      nan |= std::isnan(v);
+      amax = std::max(amax, std::fabs(v));
+    }
+    if (nan || !std::isfinite(amax)) ++bad;  // E2M1 has no NaN/Inf: always refused
     const float sf = scale_from_amax(amax, pk::kFp4Max, ue8m0);
     scale[b] = sf;
     int64_t k = 0;
@@ -166,6 +177,7 @@ void cast_row_fp4(const void* x, int kind, int64_t K, int64_t gk, bool ue8m0, ui
     for (; k < kn; ++k) codes[k0 + k] = pk::f32_to_e2m1(load1(x, kind, k0 + k) / sf);
   }
   for (int64_t i = 0; i < K / 2; ++i) q[i] = uint8_t((codes[2 * i] & 0xF) | (codes[2 * i + 1] << 4));
+  return bad;
 }
 
 // ---- SwiGLU ------------------------------------------------------------------------------------------
@@ -206,11 +218,11 @@ struct SwigluArgs {
   float* scale;
 };
 
-void swiglu_rows(const SwigluArgs& s, int nthreads) {
+int64_t swiglu_rows(const SwigluArgs& s, int nthreads) {
   const int64_t nb = (s.I + s.per - 1) / s.per;
-  int64_t c_gate = 0, c_up_hi = 0, c_up_lo = 0;
+  int64_t c_gate = 0, c_up_hi = 0, c_up_lo = 0, bad = 0;
   const int threads = pick_threads(nthreads, double(s.M) * double(2 * s.I) * 2.0, s.M);
-#pragma omp parallel num_threads(threads) reduction(+ : c_gate, c_up_hi, c_up_lo)
+#pragma omp parallel num_threads(threads) reduction(+ : c_gate, c_up_hi, c_up_lo, bad)
   {
     std::vector<float> y(static_cast<size_t>(s.I + 16));
 #pragma omp for schedule(static)
@@ -265,7 +277,7 @@ void swiglu_rows(const SwigluArgs& s, int nthreads) {
       }
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t k0 = b * s.per, kn = std::min(s.per, s.I - k0);
-        sr[b] = cast_block_fp8(y.data(), kF32, s.I, 0, 1, k0, kn, s.round_sf, qr);
+        sr[b] = cast_block_fp8(y.data(), kF32, s.I, 0, 1, k0, kn, s.round_sf, qr, &bad);
       }
     }
   }
@@ -274,18 +286,21 @@ void swiglu_rows(const SwigluArgs& s, int nthreads) {
     s.counts[1] += c_up_hi;
     s.counts[2] += c_up_lo;
   }
+  return bad;
 }
 
 }  // namespace
 
 // x: [L, MN, K] contiguous (fp32 / bf16 / fp16 by in_kind); q: fp8 [L, MN, K]; scale: fp32
 // [L, ceil(MN/gm), ceil(K/gk)]. One task per (l, row block); blocks of a task run in order.
-PK_EXPORT void pk_cast_fp8(const void* x, int in_kind, int64_t L, int64_t MN, int64_t K, int64_t gm, int64_t gk,
+// Returns the number of blocks refused (NaN/Inf amax with ue8m0).
+PK_EXPORT int64_t pk_cast_fp8(const void* x, int in_kind, int64_t L, int64_t MN, int64_t K, int64_t gm, int64_t gk,
                            int ue8m0, void* q, float* scale, int nthreads) {
   const int64_t bm = (MN + gm - 1) / gm, bk = (K + gk - 1) / gk;
   const int64_t elem = in_kind == kF32 ? 4 : 2;
   const int threads = pick_threads(pk::thread_count(nthreads), double(L * MN * K) * elem, L * bm);
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 16)
+  int64_t bad = 0;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 16) reduction(+ : bad)
   for (int64_t t = 0; t < L * bm; ++t) {
     const int64_t l = t / bm, b = t % bm;
     const uint8_t* xl = static_cast<const uint8_t*>(x) + l * MN * K * elem;
@@ -293,34 +308,39 @@ PK_EXPORT void pk_cast_fp8(const void* x, int in_kind, int64_t L, int64_t MN, in
     const int64_t r0 = b * gm, rows = std::min(gm, MN - r0);
     for (int64_t kb = 0; kb < bk; ++kb) {
       const int64_t k0 = kb * gk, kn = std::min(gk, K - k0);
-      scale[(l * bm + b) * bk + kb] = cast_block_fp8(xl, in_kind, K, r0, rows, k0, kn, ue8m0 != 0, ql);
+      scale[(l * bm + b) * bk + kb] = cast_block_fp8(xl, in_kind, K, r0, rows, k0, kn, ue8m0 != 0, ql, &bad);
     }
   }
+  return bad;
 }
 
 // x: [R, K] contiguous rows (K even) -> q uint8 [R, K/2] packed E2M1, scale fp32 [R, ceil(K/gk)].
-PK_EXPORT void pk_cast_fp4(const void* x, int in_kind, int64_t R, int64_t K, int64_t gk, int ue8m0, void* q,
+// Returns the number of blocks holding NaN/Inf (refused by the caller).
+PK_EXPORT int64_t pk_cast_fp4(const void* x, int in_kind, int64_t R, int64_t K, int64_t gk, int ue8m0, void* q,
                            float* scale, int nthreads) {
   const int64_t bk = (K + gk - 1) / gk;
   const int64_t elem = in_kind == kF32 ? 4 : 2;
   const int threads = pick_threads(pk::thread_count(nthreads), double(R * K) * elem, R);
-#pragma omp parallel num_threads(threads)
+  int64_t bad = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : bad)
   {
     std::vector<uint8_t> codes;
 #pragma omp for schedule(dynamic, 16)
     for (int64_t r = 0; r < R; ++r)
-      cast_row_fp4(static_cast<const uint8_t*>(x) + r * K * elem, in_kind, K, gk, ue8m0 != 0,
+      bad += cast_row_fp4(static_cast<const uint8_t*>(x) + r * K * elem, in_kind, K, gk, ue8m0 != 0,
                    static_cast<uint8_t*>(q) + r * (K / 2), scale + r * bk, codes);
   }
+  return bad;
 }
 
 // x: [M, 2I] contiguous; gate = first half. Optional int32 [M] maps (null when absent), weights fp32
 // [weights_len]; counts int64 [3] (added to) or null. q fp8 [M, I]; scale fp32 [M, ceil(I/per)].
-PK_EXPORT void pk_swiglu_cast(const void* x, int in_kind, int64_t M, int64_t I, int64_t per, int round_sf,
+// Returns the number of blocks refused (NaN/Inf amax with round_sf).
+PK_EXPORT int64_t pk_swiglu_cast(const void* x, int in_kind, int64_t M, int64_t I, int64_t per, int round_sf,
                               const int32_t* pos_to_token_topk, const float* topk_weights, int64_t weights_len,
                               const int32_t* pos_to_expert, int clamp, float clamp_value, int64_t* counts, void* q,
                               float* scale, int nthreads) {
   SwigluArgs s{x, in_kind, M, I, per, round_sf != 0, pos_to_token_topk, topk_weights, weights_len, pos_to_expert,
                clamp != 0, clamp_value, counts, static_cast<uint8_t*>(q), scale};
-  swiglu_rows(s, pk::thread_count(nthreads));
+  return swiglu_rows(s, pk::thread_count(nthreads));
 }

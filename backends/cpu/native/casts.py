@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 
+from portable_kernels.layouts.errors import LayoutConversionError
 from portable_kernels.native.build import F32, I32, I64, PTR, NativeLibrary, num_threads, register_library
+from portable_kernels.quantization import refusing_nonfinite_ue8m0
 from portable_kernels.tensors import cdiv
 
 from .._names import BACKEND
@@ -22,7 +24,7 @@ LIB = register_library(NativeLibrary("cpu_casts", Path(__file__).with_name("cast
     "pk_cast_fp8": [PTR, I32, I64, I64, I64, I64, I64, I32, PTR, PTR, I32],
     "pk_cast_fp4": [PTR, I32, I64, I64, I64, I32, PTR, PTR, I32],
     "pk_swiglu_cast": [PTR, I32, I64, I64, I64, I32, PTR, PTR, I64, PTR, I32, F32, PTR, PTR, PTR, I32],
-}, owner=BACKEND))
+}, returns={"pk_cast_fp8": I64, "pk_cast_fp4": I64, "pk_swiglu_cast": I64}, owner=BACKEND))
 
 IN_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 FP8 = torch.float8_e4m3fn
@@ -58,9 +60,17 @@ def cast_fp8(x: torch.Tensor, granularity: tuple[int, int], use_ue8m0: bool,
     q = torch.empty(x.shape, dtype=FP8)
     scale = torch.empty(*lead, cdiv(mn, gm), cdiv(k, gk), dtype=torch.float32)
     if x.numel():
-        lib.pk_cast_fp8(x.data_ptr(), IN_KINDS[x.dtype], lead[0] if lead else 1, mn, k, gm, gk, int(use_ue8m0),
-                        q.data_ptr(), scale.data_ptr(), num_threads())
+        bad = lib.pk_cast_fp8(x.data_ptr(), IN_KINDS[x.dtype], lead[0] if lead else 1, mn, k, gm, gk, int(use_ue8m0),
+                              q.data_ptr(), scale.data_ptr(), num_threads())
+        _refuse_nonfinite(op, bad)
     return q, scale
+
+
+def _refuse_nonfinite(op: str, bad: int) -> None:
+    """The contract's error for blocks with NaN/Inf and no power-of-two scale (found in the kernel's pass)."""
+    if bad:
+        with refusing_nonfinite_ue8m0(op):
+            raise LayoutConversionError(f"{bad} block(s) hold NaN or Inf values")
 
 
 def cast_fp4(x: torch.Tensor, gran_k: int, use_ue8m0: bool,
@@ -76,8 +86,11 @@ def cast_fp4(x: torch.Tensor, gran_k: int, use_ue8m0: bool,
     scale = torch.empty(*lead, m, cdiv(k, gran_k), dtype=torch.float32)
     rows = x.numel() // k if k else 0
     if rows:
-        lib.pk_cast_fp4(x.data_ptr(), IN_KINDS[x.dtype], rows, k, gran_k, int(use_ue8m0), q.data_ptr(), scale.data_ptr(),
-                        num_threads())
+        bad = lib.pk_cast_fp4(x.data_ptr(), IN_KINDS[x.dtype], rows, k, gran_k, int(use_ue8m0), q.data_ptr(),
+                              scale.data_ptr(), num_threads())
+        if bad:  # E2M1 has no NaN/Inf code, whatever the scales
+            chk.fail(op, "x", "a tensor with NaN or Inf values", "finite values",
+                     "E2M1 has no NaN/Inf code; clean the input before quantizing")
     return q, scale
 
 
@@ -120,10 +133,11 @@ def swiglu_cast(x: torch.Tensor, num_per_channels: int, round_sf: bool, pos_to_t
     scale = torch.empty(m, cdiv(inter, per), dtype=torch.float32)
     if m:
         clamp = swiglu_clamp_value is not None
-        lib.pk_swiglu_cast(x.data_ptr(), IN_KINDS[x.dtype], m, inter, per, int(round_sf), chk.ptr(p2t), chk.ptr(weights),
-                           0 if weights is None else weights.numel(), chk.ptr(p2e), int(clamp),
-                           float(swiglu_clamp_value) if clamp else 0.0, chk.ptr(clamped_count), q.data_ptr(),
-                           scale.data_ptr(), num_threads())
+        bad = lib.pk_swiglu_cast(x.data_ptr(), IN_KINDS[x.dtype], m, inter, per, int(round_sf), chk.ptr(p2t),
+                                 chk.ptr(weights), 0 if weights is None else weights.numel(), chk.ptr(p2e), int(clamp),
+                                 float(swiglu_clamp_value) if clamp else 0.0, chk.ptr(clamped_count), q.data_ptr(),
+                                 scale.data_ptr(), num_threads())
+        _refuse_nonfinite(op, bad)
     return q, scale
 
 

@@ -140,6 +140,33 @@ int64_t small_select(const Row& row, int64_t len, int64_t cnt, int64_t* sel) {
   return have;
 }
 
+// Whether the first len values hold a NaN (the contract refuses NaN inside a row's valid range).
+bool has_nan(const Row& row, int64_t len) {
+  int64_t i = 0;
+  if (row.bf16) {
+    const uint16_t* x = static_cast<const uint16_t*>(row.data);
+#if defined(__AVX512BW__)
+    for (; i + 32 <= len; i += 32) {
+      const __m512i v = _mm512_and_si512(_mm512_loadu_si512(x + i), _mm512_set1_epi16(0x7FFF));
+      if (_mm512_cmpgt_epu16_mask(v, _mm512_set1_epi16(0x7F80))) return true;
+    }
+#endif
+    for (; i < len; ++i)
+      if ((x[i] & 0x7FFF) > 0x7F80) return true;
+    return false;
+  }
+  const float* x = static_cast<const float*>(row.data);
+#if defined(__AVX512F__)
+  for (; i + 16 <= len; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) return true;
+  }
+#endif
+  for (; i < len; ++i)
+    if (std::isnan(x[i])) return true;
+  return false;
+}
+
 template <typename Idx>
 void topk_row(const Row& row, int64_t len, int64_t topk, bool sorted, Idx* idx, Idx idx_fill, void* values,
               uint32_t value_fill, std::vector<uint32_t>& cand, std::vector<int64_t>& sel) {
@@ -184,7 +211,7 @@ void topk_row(const Row& row, int64_t len, int64_t topk, bool sorted, Idx* idx, 
 }
 
 template <typename Idx>
-void topk_all(const void* input, bool bf16, int64_t b, int64_t n, int64_t row_stride, const int32_t* end,
+int64_t topk_all(const void* input, bool bf16, int64_t b, int64_t n, int64_t row_stride, const int32_t* end,
               int64_t topk, bool sorted, Idx* indices, Idx idx_fill, void* values, uint32_t value_fill,
               int nthreads) {
   const int64_t elem = bf16 ? 2 : 4;
@@ -193,16 +220,22 @@ void topk_all(const void* input, bool bf16, int64_t b, int64_t n, int64_t row_st
   if (threads == 1) {  // no parallel region for small calls: it costs more than they do
     std::vector<uint32_t> cand;
     std::vector<int64_t> sel;
+    int64_t nan_rows = 0;
     for (int64_t r = 0; r < b; ++r) {
       int64_t len = end ? int64_t(end[r]) : n;
       len = std::min<int64_t>(std::max<int64_t>(len, 0), n);
       Row row{static_cast<const uint8_t*>(input) + r * row_stride * elem, bf16};
+      if (has_nan(row, len)) {
+        ++nan_rows;
+        continue;
+      }
       void* vrow = values ? static_cast<uint8_t*>(values) + r * topk * elem : nullptr;
       topk_row<Idx>(row, len, topk, sorted, indices + r * topk, idx_fill, vrow, value_fill, cand, sel);
     }
-    return;
+    return nan_rows;
   }
-#pragma omp parallel num_threads(threads)
+  int64_t nan_rows = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : nan_rows)
   {
     std::vector<uint32_t> cand;
     std::vector<int64_t> sel;
@@ -211,24 +244,29 @@ void topk_all(const void* input, bool bf16, int64_t b, int64_t n, int64_t row_st
       int64_t len = end ? int64_t(end[r]) : n;
       len = std::min<int64_t>(std::max<int64_t>(len, 0), n);
       Row row{static_cast<const uint8_t*>(input) + r * row_stride * elem, bf16};
+      if (has_nan(row, len)) {
+        ++nan_rows;
+        continue;
+      }
       void* vrow = values ? static_cast<uint8_t*>(values) + r * topk * elem : nullptr;
       topk_row<Idx>(row, len, topk, sorted, indices + r * topk, idx_fill, vrow, value_fill, cand, sel);
     }
   }
+  return nan_rows;
 }
 
 }  // namespace
 
 // input: fp32 or bf16 [b, n] with rows row_stride elements apart (unit stride inside a row);
 // end: int32 [b] or null; indices: int32/int64 [b, topk]; values: input's dtype [b, topk] or null;
-// value_fill: the fill's bits in input's dtype.
-PK_EXPORT void pk_topk(const void* input, int bf16, int64_t b, int64_t n, int64_t row_stride, const int32_t* end,
+// value_fill: the fill's bits in input's dtype. Returns the number of rows holding NaN in their
+// valid range (their outputs are not written; the caller raises the contract's error).
+PK_EXPORT int64_t pk_topk(const void* input, int bf16, int64_t b, int64_t n, int64_t row_stride, const int32_t* end,
                        int64_t topk, int sorted, void* indices, int idx64, int64_t idx_fill, void* values,
                        uint32_t value_fill, int nthreads) {
   if (idx64)
-    topk_all<int64_t>(input, bf16 != 0, b, n, row_stride, end, topk, sorted != 0, static_cast<int64_t*>(indices),
+    return topk_all<int64_t>(input, bf16 != 0, b, n, row_stride, end, topk, sorted != 0, static_cast<int64_t*>(indices),
                       idx_fill, values, value_fill, pk::thread_count(nthreads));
-  else
-    topk_all<int32_t>(input, bf16 != 0, b, n, row_stride, end, topk, sorted != 0, static_cast<int32_t*>(indices),
+  return topk_all<int32_t>(input, bf16 != 0, b, n, row_stride, end, topk, sorted != 0, static_cast<int32_t*>(indices),
                       int32_t(idx_fill), values, value_fill, pk::thread_count(nthreads));
 }

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from portable_kernels.native.build import I32, I64, PTR, U32, NativeLibrary, num_threads, register_library
+from portable_kernels.topk import reject_nan
 
 from .._names import BACKEND
 from . import _checks as chk
@@ -21,7 +22,7 @@ from ._names import NATIVE
 
 LIB = register_library(NativeLibrary("cpu_topk", Path(__file__).with_name("topk.cpp"), {
     "pk_topk": [PTR, I32, I64, I64, I64, PTR, I64, I32, PTR, I32, I64, PTR, U32, I32],
-}, owner=BACKEND))
+}, returns={"pk_topk": I64}, owner=BACKEND))
 
 INPUT_DTYPES = (torch.float32, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -41,9 +42,9 @@ def topk_native(input: torch.Tensor, topk: int, end: torch.Tensor | None = None,
                 return_value: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The top `topk` of each row's first end[i] elements: (values | None, indices), [b, topk] each.
 
-    input: fp32/bf16 [b, n], unit stride along n (a non-unit stride is copied first); NaN-free in the
-    valid range (the contract checks). end: None or int32 [b]. Slots past min(topk, end[i]) hold
-    the fills.
+    input: fp32/bf16 [b, n], unit stride along n (a non-unit stride is copied first). end: None or
+    int32 [b]. Slots past min(topk, end[i]) hold the fills. A NaN inside a row's valid range is found
+    in the kernel's own pass and raises the contract's ContractError (portable_kernels.topk.reject_nan).
     """
     op = "topk"
     lib = LIB.get()
@@ -66,9 +67,12 @@ def topk_native(input: torch.Tensor, topk: int, end: torch.Tensor | None = None,
     values = torch.empty(b, topk, dtype=input.dtype) if return_value else None
     if b:
         row = input.stride(0) if b > 1 else n
-        lib.pk_topk(input.data_ptr(), int(input.dtype == torch.bfloat16), b, n, row, chk.ptr(end), topk, int(sorted),
+        nan_rows = lib.pk_topk(input.data_ptr(), int(input.dtype == torch.bfloat16), b, n, row, chk.ptr(end), topk, int(sorted),
                     indices.data_ptr(), int(indices_type == torch.int64), idx_oob_fill_value, chk.ptr(values),
                     _fill_bits(value_oob_fill_value, input.dtype), num_threads())
+        if nan_rows:
+            reject_nan(input, end)  # the contract's message (it raises)
+            raise AssertionError("topk: native NaN scan and reject_nan disagree")
     return values, indices
 
 
