@@ -301,6 +301,7 @@ constexpr int64_t TILE = TM * TK;  // bf16 elements per A or B tile (1 KiB)
 constexpr int64_t MCH = 512;       // rows of one task: each converted B panel serves MCH rows
 constexpr int64_t NCH = 64;        // columns of one task (accumulators: MCH x NCH fp32 = 128 KiB)
 constexpr int64_t KCH = 512;       // K elements per chunk: the B panel (32 x KCH bf16) stays in L1
+constexpr int64_t PREFETCH_STEPS = 8;  // K steps (of 32) a B row is prefetched ahead of its conversion
 
 struct alignas(64) TileConfig {
   uint8_t palette, start_row, reserved[14];
@@ -410,6 +411,10 @@ void convert_b_panel(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uin
           continue;
         }
         const uint8_t* row = b.data + n * b.row_bytes;
+        // B rows are far apart (one page or more): hardware prefetchers lose track of 32 such
+        // streams, so fetch each row's bytes PREFETCH_STEPS steps ahead ourselves
+        const int64_t ahead = (k0 + PREFETCH_STEPS * TK) * (b.kind == kBf16 ? 2 : 1) / (b.kind == kFp4 ? 2 : 1);
+        if (ahead < b.row_bytes) _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
         if (b.kind == kBf16) {
           const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
           r[i] = _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k0);
@@ -501,6 +506,43 @@ void block(const uint16_t* a0, int64_t a_tile_step, const uint16_t* b0, int64_t 
     }
     const int64_t kp = kp0 + p0 / spp;
     promote<MT>(buf, acc, acc_ld, sa ? sa + kp * sa_ld : nullptr, sb ? sb + kp * sb_ld : nullptr);
+  }
+}
+
+// Few-row segments (<= 16 rows) swap the operands' roles: the weight rows become the tiles' "A"
+// side, which AMX reads row-major, so they are only widened to bf16 (no transpose), and the few
+// activation rows are transposed once per call into the "B" side. C tiles hold [16 n x 16 m].
+// Tiles 0-3 accumulate four n-tiles, 4-5 take weight tiles in turn, 6 holds the activations.
+void block_t(const uint16_t* w, int64_t steps, const uint16_t* x, int64_t spp, int64_t kp0, float* buf, float* acc,
+             const float* sw, int64_t sw_ld, const float* sx, int64_t sx_ld) {
+  for (int64_t p0 = 0; p0 < steps; p0 += spp) {
+    const int64_t p1 = std::min(steps, p0 + spp);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t ks = p0; ks < p1; ++ks) {
+      _tile_loadd(6, x + ks * TILE, 64);
+      _tile_loadd(4, w + (0 * steps + ks) * TILE, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(5, w + (1 * steps + ks) * TILE, 64);
+      _tile_dpbf16ps(1, 5, 6);
+      _tile_loadd(4, w + (2 * steps + ks) * TILE, 64);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(5, w + (3 * steps + ks) * TILE, 64);
+      _tile_dpbf16ps(3, 5, 6);
+    }
+    _tile_stored(0, buf, 64);
+    _tile_stored(1, buf + 256, 64);
+    _tile_stored(2, buf + 512, 64);
+    _tile_stored(3, buf + 768, 64);
+    const int64_t kp = kp0 + p0 / spp;
+    // acc [64 n][16 m] += buf * sw[n] * sx[m]
+    const __m512 vx = sx ? _mm512_loadu_ps(sx + kp * sx_ld) : _mm512_set1_ps(1.0f);
+    for (int64_t n = 0; n < 64; ++n) {
+      const __m512 sc = sw ? _mm512_mul_ps(vx, _mm512_set1_ps(sw[kp * sw_ld + n])) : vx;
+      _mm512_storeu_ps(acc + n * 16, _mm512_fmadd_ps(_mm512_load_ps(buf + n * 16), sc, _mm512_loadu_ps(acc + n * 16)));
+    }
   }
 }
 
@@ -624,6 +666,115 @@ void amx_engine(const Operand& a, const Operand& b, const Output& o, const Seg* 
     tile_release();
   }
 }
+
+// Weight rows [n0, n0 + 64) x K steps [ks0, ks1) -> buf, row-major tiles [4][ks1 - ks0][16 rows][32].
+void convert_w_rows(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uint16_t* buf) {
+  static const Fp8Table lut;
+  const int64_t steps = ks1 - ks0;
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < 16; ++i) {
+      const int64_t n = n0 + 16 * t + i;
+      const uint8_t* row = n < b.N ? b.data + n * b.row_bytes : nullptr;
+      int shift_row = 0;
+      for (int64_t ks = ks0; ks < ks1; ++ks) {
+        uint16_t* dst = buf + (t * steps + (ks - ks0)) * TILE + i * 32;
+        const int64_t k0 = ks * TK, kn = std::min<int64_t>(TK, b.K - k0);
+        if (!row || kn <= 0) {
+          _mm512_store_si512(dst, _mm512_setzero_si512());
+          continue;
+        }
+        const int64_t ahead = (k0 + PREFETCH_STEPS * TK) * (b.kind == kBf16 ? 2 : 1) / (b.kind == kFp4 ? 2 : 1);
+        if (ahead < b.row_bytes) _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
+        __m512i v;
+        if (b.kind == kBf16) {
+          const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
+          v = _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k0);
+        } else if (b.kind == kFp8) {
+          const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
+          v = fp8x32_to_bf16(_mm256_maskz_loadu_epi8(m, row + k0), lut);
+        } else {
+          const int64_t nb = (kn + 1) / 2;
+          const __mmask16 m = nb >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nb) - 1);
+          if (b.fold) shift_row = int(pk::f32_bits(b.fold[n * b.fold_ld + k0 / b.fold_gran]) >> 23) - 127;
+          v = e2m1x32_to_bf16(_mm_maskz_loadu_epi8(m, row + k0 / 2), shift_row);
+        }
+        _mm512_store_si512(dst, v);
+      }
+    }
+}
+
+// Segments of at most 16 rows (decode): tasks (segment, 64 weight rows); see block_t.
+void amx_small_engine(const Operand& a, const Operand& b, const Output& o, const Seg* segs, int64_t nsegs, int64_t N,
+                      int64_t K, int64_t promo, bool fold_b, int nthreads) {
+  static const Fp8Table lut;
+  const int64_t ksteps = (K + TK - 1) / TK, spp = promo / TK, kp_count = (ksteps + spp - 1) / spp;
+  const int64_t kc_steps = std::max<int64_t>(1, 32 / spp) * spp;
+  const bool scaled_a = a.scale != nullptr, scaled_b = b.scale != nullptr && !fold_b;
+  const int64_t nchunks = (N + 63) / 64, tasks = nsegs * nchunks;
+  // activations of every segment as VNNI tiles [seg][ksteps][16 pairs][16 rows][2], and their scales [seg][kp][16]
+  std::unique_ptr<uint16_t[]> xpk(new uint16_t[static_cast<size_t>(nsegs * ksteps * TILE)]);
+  std::vector<float> sx(scaled_a ? static_cast<size_t>(nsegs * kp_count * 16) : 0);
+  const int threads = std::max<int>(1, std::min<int64_t>(nthreads, tasks));
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t s = 0; s < nsegs; ++s) {
+      const Seg& seg = segs[s];
+      for (int64_t ks = 0; ks < ksteps; ++ks) {
+        __m512i r[16];
+        const int64_t k0 = ks * TK, kn = std::min<int64_t>(TK, K - k0);
+        for (int i = 0; i < 16; ++i) {
+          if (i >= seg.rows) {
+            r[i] = _mm512_setzero_si512();
+            continue;
+          }
+          const uint8_t* row = a.data + (seg.row + i) * a.row_bytes;
+          const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
+          r[i] = a.kind == kBf16 ? _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k0)
+                                 : fp8x32_to_bf16(_mm256_maskz_loadu_epi8(m, row + k0), lut);
+        }
+        transpose16(r);
+        uint16_t* dst = xpk.get() + (s * ksteps + ks) * TILE;
+        for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + p * 32, r[p]);
+      }
+      if (scaled_a)
+        for (int64_t kp = 0; kp < kp_count; ++kp)
+          for (int64_t i = 0; i < 16; ++i)
+            sx[(s * kp_count + kp) * 16 + i] =
+                i < seg.rows ? a.scale[(seg.row + i) * a.scale_ld + (kp * promo) / a.gran_k] : 0.0f;
+    }
+    tile_config();
+    std::unique_ptr<uint16_t[], void (*)(void*)> panel(
+        static_cast<uint16_t*>(std::aligned_alloc(64, 4 * kc_steps * TILE * 2)), std::free);
+    std::vector<float> acc(64 * 16), sw(scaled_b ? static_cast<size_t>(kp_count * 64) : 0);
+    alignas(64) float buf[4 * 256];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t s = t / nchunks, n0 = (t % nchunks) * 64;
+      const Seg& seg = segs[s];
+      if (seg.rows == 0) continue;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      if (scaled_b) {
+        const float* sg = b.scale + seg.group * b.group_scale;
+        for (int64_t kp = 0; kp < kp_count; ++kp)
+          for (int64_t n = 0; n < 64; ++n)
+            sw[kp * 64 + n] = n0 + n < N ? sg[((n0 + n) / b.gran_mn) * b.scale_ld + (kp * promo) / b.gran_k] : 0.0f;
+      }
+      BSource src{b.data + seg.group * b.group_bytes, b.kind, b.row_bytes, N, K,
+                  fold_b ? b.scale + seg.group * b.group_scale : nullptr, b.scale_ld, b.gran_k};
+      for (int64_t kc0 = 0; kc0 < ksteps; kc0 += kc_steps) {
+        const int64_t kc1 = std::min(ksteps, kc0 + kc_steps);
+        convert_w_rows(src, n0, kc0, kc1, panel.get());
+        block_t(panel.get(), kc1 - kc0, xpk.get() + (s * ksteps + kc0) * TILE, spp, kc0 / spp, buf, acc.data(),
+                scaled_b ? sw.data() : nullptr, 64, scaled_a ? sx.data() + s * kp_count * 16 : nullptr, 16);
+      }
+      for (int64_t i = 0; i < seg.rows; ++i)
+        for (int64_t n = n0; n < std::min(N, n0 + 64); ++n) write_out(o, seg.row + i, n, acc[(n - n0) * 16 + i]);
+    }
+    tile_release();
+  }
+}
+
 #endif  // x86-64 with AVX-512
 
 }  // namespace
@@ -658,20 +809,30 @@ PK_EXPORT int pk_amx_available() {
 }
 
 // D[rows of each segment] = C + A·B[group]ᵀ with the amx engine: arguments as pk_gemm_fma, plus
+// Returns 0, or -1 when this build or CPU has no AMX (nothing was run).
 // promo (K elements per promotion: a multiple of 32 dividing the scaled operands' K granularities)
 // and fold_b (e2m1 B with power-of-two scales: they are folded into the values, not promoted).
-PK_EXPORT void pk_gemm_amx(const void* a, int a_kind, const float* sfa, int64_t a_gran_k, int64_t a_row_bytes,
+PK_EXPORT int pk_gemm_amx(const void* a, int a_kind, const float* sfa, int64_t a_gran_k, int64_t a_row_bytes,
                            int64_t a_scale_ld, const void* b, int b_kind, const float* sfb, int64_t b_gran_n,
                            int64_t b_gran_k, int64_t b_row_bytes, int64_t b_scale_ld, int64_t b_group_bytes,
                            int64_t b_group_scale, void* d, int d_bf16, const void* c, int c_bf16,
                            const int64_t* segs, int64_t nsegs, int64_t N, int64_t K, int64_t promo, int fold_b,
                            int nthreads) {
 #ifdef PK_HAVE_AMX_CODE
+  if (!amx_permitted()) return -1;  // never execute a tile instruction without the kernel's permission
   Operand A{static_cast<const uint8_t*>(a), a_kind, sfa, 1, a_gran_k, a_row_bytes, a_scale_ld, 0, 0};
   Operand B{static_cast<const uint8_t*>(b), b_kind, sfb, b_gran_n, b_gran_k, b_row_bytes, b_scale_ld,
             b_group_bytes, b_group_scale};
   Output O{d, d_bf16, c, c_bf16, N};
-  amx_engine(A, B, O, reinterpret_cast<const Seg*>(segs), nsegs, N, K, promo, fold_b != 0,
-             pk::thread_count(nthreads));
+  const Seg* sg = reinterpret_cast<const Seg*>(segs);
+  int64_t most = 0;
+  for (int64_t s = 0; s < nsegs; ++s) most = std::max(most, sg[s].rows);
+  if (most <= 16)
+    amx_small_engine(A, B, O, sg, nsegs, N, K, promo, fold_b != 0, pk::thread_count(nthreads));
+  else
+    amx_engine(A, B, O, sg, nsegs, N, K, promo, fold_b != 0, pk::thread_count(nthreads));
+  return 0;
+#else
+  return -1;
 #endif
 }

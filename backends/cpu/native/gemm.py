@@ -9,6 +9,7 @@ fp32) and products accumulate in fp32, so results differ from the reference only
 
 from __future__ import annotations
 
+import ctypes
 import math
 from pathlib import Path
 
@@ -32,7 +33,7 @@ LIB = register_library(NativeLibrary("cpu_gemm", Path(__file__).with_name("gemm.
                     PTR, I64, I64, I64, I64, I32, I32],      # ..., K, promo, fold_b, threads
     "pk_amx_available": [],
     "pk_gemm_vector_length": [],
-}, returns={"pk_gemm_vector_length": I32, "pk_amx_available": I32}, owner=BACKEND))
+}, returns={"pk_gemm_vector_length": I32, "pk_amx_available": I32, "pk_gemm_amx": I32}, owner=BACKEND))
 
 FP8 = torch.float8_e4m3fn
 KIND_FP8, KIND_BF16, KIND_FP4 = 0, 1, 2
@@ -45,6 +46,10 @@ def available() -> bool:
 
 def dense_segments(m: int) -> torch.Tensor:
     return torch.tensor([[0, m, 0]], dtype=torch.int64)
+
+
+#: the one segment of a dense GEMM, as a C array (no tensor to build or check per call)
+_Dense = ctypes.c_int64 * 3
 
 
 def _kind(op: str, arg: str, data: torch.Tensor) -> int:
@@ -81,7 +86,7 @@ def _check_segments(op: str, segments: torch.Tensor, m: int, g: int) -> None:
 
 def gemm_segments(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: int,
                   b: torch.Tensor, sfb: torch.Tensor | None, b_gran: tuple[int, int],
-                  d: torch.Tensor, c: torch.Tensor | None, segments: torch.Tensor, k: int, *,
+                  d: torch.Tensor, c: torch.Tensor | None, segments: torch.Tensor | None, k: int, *,
                   engine: str = "auto", b_pow2: bool = False) -> str:
     """D[rows of each segment] = C + A·B[group]ᵀ; returns the engine that ran ("fma" or "amx").
 
@@ -89,7 +94,8 @@ def gemm_segments(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: 
     b: fp8 / bf16 / uint8-packed e2m1 [G, N, K (K/2 packed)] contiguous; sfb fp32
        [G, ceil(N/b_gran[0]), ceil(K/b_gran[1])] or None for bf16
     d: bf16/fp32 [M, N] contiguous; c: None or fp32/bf16 [M, N] contiguous
-    segments: int64 [S, 3] (first row, rows, group), rows within [0, M), groups within [0, G)
+    segments: int64 [S, 3] (first row, rows, group), rows within [0, M), groups within [0, G); None: one
+        segment (0, M, 0) (a dense GEMM)
     engine: "fma" (dequantize B in L1, fp32 FMA), "amx" (raw bf16 tiles, per-block promotion) or
         "auto" (amx when this CPU has it and the granularities allow, else fma)
     b_pow2: every sfb is a power of two (e2m1 B: the amx engine then folds them into B's values)
@@ -122,7 +128,11 @@ def gemm_segments(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: 
     if c is not None:
         chk.tensor(op, "c", c, OUT_DTYPES, (m, n), "pass c [M, N] in fp32 or d's dtype")
         chk.contiguous(op, "c", c)
-    _check_segments(op, segments, m, g)
+    if segments is None:
+        seg_ptr, nsegs = _Dense(0, m, 0), 1
+    else:
+        _check_segments(op, segments, m, g)
+        seg_ptr, nsegs = segments.data_ptr(), segments.shape[0]
     fold = kb == KIND_FP4 and b_pow2
     period = promotion_period(a_gran_k if sfa is not None else None, gk if (sfb is not None and not fold) else None)
     if engine == "auto":
@@ -132,16 +142,17 @@ def gemm_segments(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: 
                  "use engine='fma' (AMX-BF16 missing, or K granularities not multiples of 32)")
     if engine not in ("fma", "amx"):
         chk.fail(op, "engine", repr(engine), "'auto', 'fma' or 'amx'", "pass one of those")
-    if m == 0 or n == 0 or segments.shape[0] == 0:
+    if m == 0 or n == 0 or nsegs == 0:
         return engine
     elem_b = 1 if kb != KIND_BF16 else 2
     common = (a.data_ptr(), ka, chk.ptr(sfa), a_gran_k, a_row * a.element_size(), 0 if sfa is None else sfa.shape[1],
               b.data_ptr(), kb, chk.ptr(sfb), gn, gk, b.stride(1) * elem_b, 0 if sfb is None else sfb.shape[-1],
               b.stride(0) * elem_b, 0 if sfb is None else sfb.shape[-1] * sfb.shape[-2],
               d.data_ptr(), int(d.dtype == torch.bfloat16), chk.ptr(c),
-              int(c is not None and c.dtype == torch.bfloat16), segments.data_ptr(), segments.shape[0], n, k)
+              int(c is not None and c.dtype == torch.bfloat16), seg_ptr, nsegs, n, k)
     if engine == "amx":
-        lib.pk_gemm_amx(*common, period, int(fold), num_threads())
+        if lib.pk_gemm_amx(*common, period, int(fold), num_threads()):
+            raise RuntimeError(f"{op}: the amx engine refused to run (no AMX tile permission)")
     else:
         lib.pk_gemm_fma(*common, num_threads())
     return engine
@@ -218,15 +229,15 @@ def fp8_gemm_nt_native(call) -> None:
     a, sfa, ga = _quant_parts(call.a)
     b, sfb, gb = _quant_parts(call.b)
     m = a.shape[0]
-    gemm_segments(FP8_OP, a, sfa, ga[1], b[None], sfb[None], gb, call.d, call.c, dense_segments(m),
-                  call.a.shape[-1], engine=_engine_for(m), b_pow2=call.b.ue8m0)
+    gemm_segments(FP8_OP, a, sfa, ga[1], b[None], sfb[None], gb, call.d, call.c, None, call.a.shape[-1],
+                  engine=_engine_for(m), b_pow2=call.b.ue8m0)
 
 
 def bf16_gemm_nt_native(call) -> None:
     """GemmInputs with bf16 a, b: D = C + A·Bᵀ accumulated in fp32 (any d dtype, with c)."""
     m = call.a.shape[0]
-    gemm_segments(BF16_OP, call.a, None, AMX_UNSCALED_PERIOD, call.b[None], None, (1, 1), call.d, call.c,
-                  dense_segments(m), call.a.shape[1], engine=_engine_for(m))
+    gemm_segments(BF16_OP, call.a, None, AMX_UNSCALED_PERIOD, call.b[None], None, (1, 1), call.d, call.c, None,
+                  call.a.shape[1], engine=_engine_for(m))
 
 
 def bf16_gemm_nt_blas(call) -> None:

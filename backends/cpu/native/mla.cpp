@@ -401,14 +401,16 @@ PK_EXPORT int pk_mla_available() {
 
 // splits: int64 [nsplits, 4] = (job, first key, end key, output slot) over the jobs in job order
 // (dense: job = b * h_kv + h; sparse: job = b * s_q + i); a job with one split writes out/lse
-// directly (slot -1), others write partial results to slot and are merged here.
-PK_EXPORT void pk_mla_decode(const void* q, int64_t b, int64_t s_q, int64_t h_q, int64_t d, int64_t h_kv,
+// directly (slot -1), others write partial results to slot and are merged here. Returns 0, or -1
+// when this build or CPU has no AMX (nothing was run).
+PK_EXPORT int pk_mla_decode(const void* q, int64_t b, int64_t s_q, int64_t h_q, int64_t d, int64_t h_kv,
                              const void* cache, int fp8, int64_t num_blocks, int64_t block_size, int64_t block_stride,
                              int64_t token_stride, int64_t head_stride, const int32_t* block_table, int64_t max_blocks,
                              const int32_t* seqlens, const int32_t* indices, int64_t topk, float scale, int causal,
                              const int64_t* splits, int64_t nsplits, int64_t nslots, void* out, float* lse,
                              int nthreads) {
 #ifdef PK_MLA_AMX
+  if (!amx_permitted()) return -1;  // never execute a tile instruction without the kernel's permission
   Args a{static_cast<const uint16_t*>(q), b, s_q, h_q, d, h_kv, static_cast<const uint8_t*>(cache), fp8 != 0,
          num_blocks, block_size, block_stride, token_stride, head_stride, block_table, max_blocks, seqlens, indices,
          topk, scale, causal != 0, static_cast<uint16_t*>(out), lse};
@@ -475,5 +477,8 @@ PK_EXPORT void pk_mla_decode(const void* q, int64_t b, int64_t s_q, int64_t h_q,
       }
     }
   }
+  return 0;
+#else
+  return -1;
 #endif
 }

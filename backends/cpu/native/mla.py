@@ -28,7 +28,7 @@ LIB = register_library(NativeLibrary("cpu_mla", Path(__file__).with_name("mla.cp
                       PTR, I32, I64, I64, I64, I64, I64,        # cache, fp8, blocks, block_size, strides (bytes)
                       PTR, I64, PTR, PTR, I64, F32, I32,        # block_table, max_blocks, seqlens, indices, topk, scale, causal
                       PTR, I64, I64, PTR, PTR, I32],            # splits, nsplits, nslots, out, lse, threads
-}, returns={"pk_mla_available": I32}, owner=BACKEND))
+}, returns={"pk_mla_available": I32, "pk_mla_decode": I32}, owner=BACKEND))
 
 #: no task is cut shorter than this many keys (a chunk is 64 keys; shorter splits cost their merge)
 MIN_SPLIT_KEYS = 512
@@ -115,11 +115,13 @@ def decode_native(call) -> None:
     indices = call.indices.contiguous() if call.indices is not None else None
     plan = _plan_for(call, b, s_q, h_kv)
     nslots = int((plan[:, 3] >= 0).sum())
-    lib.pk_mla_decode(q.data_ptr(), b, s_q, h_q, d, h_kv, cache.data_ptr(), int(call.is_fp8_kvcache), nblocks,
-                      block_size, cache.stride(0) * elem, cache.stride(1) * elem, cache.stride(2) * elem,
+    status = lib.pk_mla_decode(q.data_ptr(), b, s_q, h_q, d, h_kv, cache.data_ptr(), int(call.is_fp8_kvcache),
+                      nblocks, block_size, cache.stride(0) * elem, cache.stride(1) * elem, cache.stride(2) * elem,
                       chk.ptr(bt), 0 if bt is None else bt.shape[1], chk.ptr(seqlens), chk.ptr(indices),
                       0 if indices is None else indices.shape[-1], float(call.softmax_scale), int(call.causal),
                       plan.data_ptr(), plan.shape[0], nslots, call.out.data_ptr(), call.lse.data_ptr(), num_threads())
+    if status:
+        raise RuntimeError(f"{op}: native MLA refused to run (no AMX tile permission)")
 
 
 # -- providers ---------------------------------------------------------------------------------------------
