@@ -244,6 +244,54 @@ def cases(quick: bool) -> dict[str, Callable[[], tuple]]:
     return c
 
 
+def encoder_cases() -> dict[str, tuple]:
+    """(native encoder, torch encoder, input) per case: the formats prepare_inputs writes."""
+    from portable_kernels.layouts import fp8_scales as ts
+    from portable_kernels.layouts import nz as tnz
+    from portable_kernels.native import layout_encoders as ne
+    gen = torch.Generator().manual_seed(8)
+
+    def pow2(*shape):
+        return (torch.randint(100, 140, shape, generator=gen, dtype=torch.int32) << 23).view(torch.float32)
+    w_sf, a_sf = pow2(56, 16), pow2(4096, 56)  # W 7168x2048 (128x128 blocks), A 4096x7168 (1x128)
+    w8 = torch.randint(0, 256, (7168, 2048), generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    return {
+        "W 7168x2048 SM100 from blocks": (lambda: ne.sm100_ue8m0_encode_from_blocks(w_sf, 7168),
+                                          lambda: ts.sm100_ue8m0_encode_from_blocks(w_sf, 7168), w_sf),
+        "W 7168x2048 Ascend MX from blocks": (lambda: ne.ascend_mx_encode_from_blocks(w_sf, 7168, 2048),
+                                              lambda: ts.ascend_mx_encode_from_blocks(w_sf, 7168, 2048), w_sf),
+        "A 4096x7168 SM90 SFA": (lambda: ne.sm90_sfa_encode(a_sf), lambda: ts.sm90_sfa_encode(a_sf), a_sf),
+        "A 4096x7168 SM100": (lambda: ne.sm100_ue8m0_encode_from_blocks(a_sf, 4096, 1),
+                              lambda: ts.sm100_ue8m0_encode_from_blocks(a_sf, 4096, 1), a_sf),
+        "A 4096x7168 Ascend MX K-major": (lambda: ne.ascend_mx_kmajor_encode_from_blocks(a_sf, 4096, 7168, 1, 128),
+                                          lambda: ts.ascend_mx_kmajor_encode_from_blocks(a_sf, 4096, 7168, 1, 128),
+                                          a_sf),
+        "NZ fp8 7168x2048": (lambda: ne.nd_to_nz(w8), lambda: tnz.nd_to_nz(w8), w8),
+    }
+
+
+def _moved_bytes(inp: torch.Tensor, out: torch.Tensor) -> int:
+    return inp.untyped_storage().nbytes() + out.untyped_storage().nbytes()
+
+
+def run_encoders(rounds: int) -> None:
+    print(f"{'layout encoder':36s} {'native us':>22s} {'torch us':>22s} {'clone us':>20s} "
+          f"{'native/clone':>13s} {'torch/clone':>12s}  target native >= 0.5x clone")
+    for name, (native, torch_fn, inp) in encoder_cases().items():
+        if inp is None:
+            continue
+        buf = torch.empty(max(1, _moved_bytes(inp, native()) // 2), dtype=torch.uint8)
+        tn, tt, tc = [], [], []
+        for _ in range(rounds):
+            tn.append(_timed(native))
+            tt.append(_timed(torch_fn))
+            tc.append(_timed(buf.clone))
+        rn = statistics.median(tc) / statistics.median(tn)
+        rt = statistics.median(tc) / statistics.median(tt)
+        print(f"{name:36s} {_fmt(tn, 1e6):>22s} {_fmt(tt, 1e6):>22s} {_fmt(tc, 1e6):>20s} {rn:12.2f}x {rt:11.2f}x  "
+              f"{'met' if rn >= 0.5 else 'MISSED'}", flush=True)
+
+
 def small_call_us(rounds: int) -> list[float]:
     """Absolute time of one prepared 1x256x256 fp8_gemm_nt call (target <= 20 us)."""
     a, b = _fp8_pair(1, 256, 256)
@@ -293,6 +341,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="substrings of case names to run")
     parser.add_argument("--quick", action="store_true", help="skip the largest cases")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--no-encoders", action="store_true", help="skip the layout encoders")
     args = parser.parse_args()
     print(f"{datetime.datetime.now().isoformat(timespec='minutes')}  torch {torch.__version__}  "
           f"{platform.processor() or platform.machine()}  cpus {os.cpu_count()}  load {os.getloadavg()[0]:.1f}")
@@ -320,6 +369,9 @@ def main() -> None:
         print(f"{'fp8_gemm_nt 1x256x256 prepared call (us)':52s} {threads:3d} "
               f"{statistics.median(us):9.1f} ({min(us):.1f}-{max(us):.1f}) target <= 20 us "
               f"{'met' if statistics.median(us) <= 20 else 'MISSED'}", flush=True)
+    if not args.no_encoders:
+        torch.set_num_threads(int(args.threads.split(",")[0]))
+        run_encoders(args.rounds)
     if not args.no_memory:
         native, base = peak_memory()
         print(f"peak memory fp8_gemm_nt 4096x4096x7168: native {native:.0f} MiB, dequantize+matmul {base:.0f} MiB "
