@@ -183,7 +183,8 @@ class NativeLibrary:
         if off is not None:
             return off
         if self._lib is not None:
-            return f"ready ({self._tried_isa}, {self.origin})"
+            how = f"built in {self.build_seconds:.1f} s" if self.origin == "built" else f"from the {self.origin} cache"
+            return f"ready ({self._tried_isa}, {how})"
         if self._reason is not None:
             return f"unavailable: {self._reason}"
         return "not built yet (built at first use or by `python -m portable_kernels warmup`)"

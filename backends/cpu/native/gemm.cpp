@@ -298,9 +298,22 @@ void fma_engine(const Operand& a, const Operand& b, const Output& o, const Seg* 
 constexpr int64_t TK = 32;         // K elements (bf16) per tile row
 constexpr int64_t TM = 16;         // rows per tile
 constexpr int64_t TILE = TM * TK;  // bf16 elements per A or B tile (1 KiB)
-constexpr int64_t MCH = 512;       // rows of one task: each converted B panel serves MCH rows
-constexpr int64_t NCH = 64;        // columns of one task (accumulators: MCH x NCH fp32 = 128 KiB)
-constexpr int64_t KCH = 512;       // K elements per chunk: the B panel (32 x KCH bf16) stays in L1
+// Blocking (overridable with -D for tuning experiments; the defaults are what ships):
+#ifndef PK_MCH
+#define PK_MCH 512
+#endif
+#ifndef PK_NCH
+#define PK_NCH 128
+#endif
+#ifndef PK_KCH
+#define PK_KCH 512
+#endif
+#ifndef PK_PREFETCH_HINT
+#define PK_PREFETCH_HINT _MM_HINT_T0
+#endif
+constexpr int64_t MCH = PK_MCH;    // rows of one task: each converted B panel serves MCH rows
+constexpr int64_t NCH = PK_NCH;    // columns of one task (accumulators: MCH x NCH fp32 = 256 KiB)
+constexpr int64_t KCH = PK_KCH;    // K elements per chunk: the B panel (32 x KCH bf16) stays in L1
 constexpr int64_t PREFETCH_STEPS = 8;  // K steps (of 32) a B row is prefetched ahead of its conversion
 
 struct alignas(64) TileConfig {
@@ -414,7 +427,7 @@ void convert_b_panel(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uin
         // B rows are far apart (one page or more): hardware prefetchers lose track of 32 such
         // streams, so fetch each row's bytes PREFETCH_STEPS steps ahead ourselves
         const int64_t ahead = (k0 + PREFETCH_STEPS * TK) * (b.kind == kBf16 ? 2 : 1) / (b.kind == kFp4 ? 2 : 1);
-        if (ahead < b.row_bytes) _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
+        if (ahead < b.row_bytes) _mm_prefetch(reinterpret_cast<const char*>(row + ahead), PK_PREFETCH_HINT);
         if (b.kind == kBf16) {
           const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
           r[i] = _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k0);
@@ -684,7 +697,7 @@ void convert_w_rows(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uint
           continue;
         }
         const int64_t ahead = (k0 + PREFETCH_STEPS * TK) * (b.kind == kBf16 ? 2 : 1) / (b.kind == kFp4 ? 2 : 1);
-        if (ahead < b.row_bytes) _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
+        if (ahead < b.row_bytes) _mm_prefetch(reinterpret_cast<const char*>(row + ahead), PK_PREFETCH_HINT);
         __m512i v;
         if (b.kind == kBf16) {
           const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
