@@ -409,6 +409,8 @@ struct BSource {
 };
 
 // B rows [n0, n0 + 32) x K steps [ks0, ks1) -> buf, VNNI tile order [2][ks1 - ks0][16 pairs][16 n][2].
+// Each row's bytes one chunk (ks1 - ks0 steps) ahead are prefetched into L2: the next chunk of these
+// rows is converted only after the other panels of the task, too late for L1.
 void convert_b_panel(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uint16_t* buf) {
   const int64_t steps = ks1 - ks0;
   static const Fp8Table lut;
@@ -425,9 +427,9 @@ void convert_b_panel(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uin
         }
         const uint8_t* row = b.data + n * b.row_bytes;
         // B rows are far apart (one page or more): hardware prefetchers lose track of 32 such
-        // streams, so fetch each row's bytes PREFETCH_STEPS steps ahead ourselves
-        const int64_t ahead = (k0 + PREFETCH_STEPS * TK) * (b.kind == kBf16 ? 2 : 1) / (b.kind == kFp4 ? 2 : 1);
-        if (ahead < b.row_bytes) _mm_prefetch(reinterpret_cast<const char*>(row + ahead), PK_PREFETCH_HINT);
+        // streams, so fetch each row's next chunk ourselves
+        const int64_t ahead = (k0 + (ks1 - ks0) * TK) * (b.kind == kBf16 ? 2 : 1) / (b.kind == kFp4 ? 2 : 1);
+        if (ahead < b.row_bytes) _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
         if (b.kind == kBf16) {
           const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
           r[i] = _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k0);
@@ -721,7 +723,10 @@ void amx_small_engine(const Operand& a, const Operand& b, const Output& o, const
                       int64_t K, int64_t promo, bool fold_b, int nthreads) {
   static const Fp8Table lut;
   const int64_t ksteps = (K + TK - 1) / TK, spp = promo / TK, kp_count = (ksteps + spp - 1) / spp;
-  const int64_t kc_steps = std::max<int64_t>(1, 32 / spp) * spp;
+  // whole rows at once where the panel fits in L2 (4 tiles x 256 steps = 1 MiB): the task's 64 weight
+  // rows are one contiguous region, so reading them row after row over all of K is one sequential
+  // stream, which the hardware prefetchers follow (chunks of K would jump between 64 rows)
+  const int64_t kc_steps = std::max<int64_t>(1, std::min<int64_t>(ksteps, 256) / spp) * spp;
   const bool scaled_a = a.scale != nullptr, scaled_b = b.scale != nullptr && !fold_b;
   const int64_t nchunks = (N + 63) / 64, tasks = nsegs * nchunks;
   // activations of every segment as VNNI tiles [seg][ksteps][16 pairs][16 rows][2], and their scales [seg][kp][16]
