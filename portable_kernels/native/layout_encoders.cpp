@@ -178,7 +178,7 @@ PK_EXPORT int64_t pk_pack_exponents(const float* sf, int64_t G, int64_t R, int64
   uint8_t* o = static_cast<uint8_t*>(out);
   const int threads = threads_for(nthreads, double(G) * double(mn_stride) * double(row_len));
   if (kmajor) {  // 3a. each output row is its source row's bytes
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static) collapse(2)
     for (int64_t g = 0; g < G; ++g)
       for (int64_t r = 0; r < R; ++r) {
         const int64_t n1 = std::min(mn, (r + 1) * block_mn);
@@ -188,7 +188,7 @@ PK_EXPORT int64_t pk_pack_exponents(const float* sf, int64_t G, int64_t R, int64
     return 0;
   }
   // 3b. MN-major words: word (g, n, p) at (g * words + p) * mn_stride + n; pad rows zero
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static) collapse(2)
   for (int64_t g = 0; g < G; ++g)
     for (int64_t p = 0; p < words; ++p) {
       uint8_t* dst = o + (g * words + p) * mn_stride * per_word;
@@ -222,7 +222,7 @@ PK_EXPORT void pk_sm90_sfa(const float* sf, int64_t G, int64_t MN, int64_t KB, i
   const int threads = threads_for(nthreads, double(G) * double(MN) * double(KB) * 8.0);
 #if defined(__AVX512F__) && defined(__AVX512BW__)
   // 16 x 16 blocks through registers: 16 rows loaded, transposed, stored as 16 columns
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static) collapse(2)
   for (int64_t g = 0; g < G; ++g)
     for (int64_t n0 = 0; n0 < MN; n0 += 16) {
       const int64_t rows = std::min<int64_t>(16, MN - n0);
@@ -239,7 +239,7 @@ PK_EXPORT void pk_sm90_sfa(const float* sf, int64_t G, int64_t MN, int64_t KB, i
 #else
   const int64_t nblocks = (MN + 15) / 16;
   // blocks of 16 rows: their source lines stay in L1 while each k writes 16 consecutive floats
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static) collapse(2)
   for (int64_t g = 0; g < G; ++g)
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t n0 = 16 * b, n1 = std::min(MN, n0 + 16);
@@ -250,7 +250,7 @@ PK_EXPORT void pk_sm90_sfa(const float* sf, int64_t G, int64_t MN, int64_t KB, i
       }
     }
 #endif
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static) collapse(2)
   for (int64_t g = 0; g < G; ++g)
     for (int64_t k = 0; k < KB; ++k)
       for (int64_t n = MN; n < mn_stride; ++n) out[(g * KB + k) * mn_stride + n] = 0.0f;
@@ -264,7 +264,7 @@ PK_EXPORT void pk_nd_to_nz(const void* x, int64_t L, int64_t M, int64_t row_byte
   const uint8_t* src = static_cast<const uint8_t*>(x);
   uint8_t* dst = static_cast<uint8_t*>(out);
   const int threads = threads_for(nthreads, double(L) * double(m1) * 16.0 * double(n1) * 32.0);
-#pragma omp parallel for num_threads(threads) schedule(static) collapse(2)
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static) collapse(2)
   for (int64_t l = 0; l < L; ++l)
     for (int64_t ib = 0; ib < m1; ++ib)
       for (int64_t j = 0; j < n1; ++j) {

@@ -222,7 +222,7 @@ int64_t swiglu_rows(const SwigluArgs& s, int nthreads) {
   const int64_t nb = (s.I + s.per - 1) / s.per;
   int64_t c_gate = 0, c_up_hi = 0, c_up_lo = 0, bad = 0;
   const int threads = pick_threads(nthreads, double(s.M) * double(2 * s.I) * 2.0, s.M);
-#pragma omp parallel num_threads(threads) reduction(+ : c_gate, c_up_hi, c_up_lo, bad)
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(+ : c_gate, c_up_hi, c_up_lo, bad)
   {
     std::vector<float> y(static_cast<size_t>(s.I + 16));
 #pragma omp for schedule(static)
@@ -300,7 +300,7 @@ PK_EXPORT int64_t pk_cast_fp8(const void* x, int in_kind, int64_t L, int64_t MN,
   const int64_t elem = in_kind == kF32 ? 4 : 2;
   const int threads = pick_threads(pk::thread_count(nthreads), double(L * MN * K) * elem, L * bm);
   int64_t bad = 0;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 16) reduction(+ : bad)
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(dynamic, 16) reduction(+ : bad)
   for (int64_t t = 0; t < L * bm; ++t) {
     const int64_t l = t / bm, b = t % bm;
     const uint8_t* xl = static_cast<const uint8_t*>(x) + l * MN * K * elem;
@@ -322,7 +322,7 @@ PK_EXPORT int64_t pk_cast_fp4(const void* x, int in_kind, int64_t R, int64_t K, 
   const int64_t elem = in_kind == kF32 ? 4 : 2;
   const int threads = pick_threads(pk::thread_count(nthreads), double(R * K) * elem, R);
   int64_t bad = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : bad)
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(+ : bad)
   {
     std::vector<uint8_t> codes;
 #pragma omp for schedule(dynamic, 16)

@@ -232,7 +232,7 @@ void fma_engine(const Operand& a, const Operand& b, const Output& o, const Seg* 
   // small problems run on the calling thread: a parallel region costs more than they do
   const double work = double(total_rows) * double(N) * double(K);
   const int threads = work < 4.0e6 ? 1 : std::max<int>(1, std::min<int64_t>(nthreads, std::max(tasks, total_rows)));
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) if (threads > 1)
   {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < total_rows; ++i) {
@@ -618,7 +618,7 @@ void amx_engine(const Operand& a, const Operand& b, const Output& o, const Seg* 
   for (int64_t s = 0; s < nsegs; ++s) task_first[s + 1] = task_first[s] + (segs[s].rows + MCH - 1) / MCH * nchunks;
   const int64_t tasks = task_first[nsegs];
   const int threads = std::max<int>(1, std::min<int64_t>(nthreads, std::max<int64_t>(tasks, total_tiles / 2)));
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) if (threads > 1)
   {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < total_tiles / 2; ++t) {  // pairs of row tiles (32 rows)
@@ -733,7 +733,7 @@ void amx_small_engine(const Operand& a, const Operand& b, const Output& o, const
   std::unique_ptr<uint16_t[]> xpk(new uint16_t[static_cast<size_t>(nsegs * ksteps * TILE)]);
   std::vector<float> sx(scaled_a ? static_cast<size_t>(nsegs * kp_count * 16) : 0);
   const int threads = std::max<int>(1, std::min<int64_t>(nthreads, tasks));
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) if (threads > 1)
   {
 #pragma omp for schedule(static)
     for (int64_t s = 0; s < nsegs; ++s) {

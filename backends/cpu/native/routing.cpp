@@ -30,7 +30,7 @@ PK_EXPORT void pk_top2_sum_gate(const float* scores, const float* bias, int64_t 
   const bool grouped = groups > 0 && topk_groups < groups;
   const int64_t per_group = grouped ? E / groups : E;
   const int threads = T * E < 65536 ? 1 : std::max(1, nthreads);
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) if (threads > 1)
   {
     std::vector<float> biased(static_cast<size_t>(E)), gscore(static_cast<size_t>(groups > 0 ? groups : 1));
     std::vector<int64_t> order, keep(static_cast<size_t>(groups > 0 ? groups : 1)), best(static_cast<size_t>(k));
@@ -90,7 +90,7 @@ PK_EXPORT void pk_expand(const void* x, int64_t T, int64_t row_bytes, int64_t sr
       if (p >= 0 && p < P) token[p] = t;
     }
   const int threads = double(P) * double(row_bytes) < 262144.0 ? 1 : std::max(1, nthreads);
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
   for (int64_t p = 0; p < P; ++p) {
     uint8_t* o = static_cast<uint8_t*>(out) + p * out_ld;
     const int64_t t = token[p];
@@ -117,7 +117,7 @@ PK_EXPORT void pk_reduce(const void* x, int x_bf16, int64_t P, int64_t H, const 
                          int nthreads) {
   // out_kind: 0 fp32, 1 bf16, 2 fp8 e4m3
   const int threads = double(T) * double(k) * double(H) < 65536.0 ? 1 : std::max(1, nthreads);
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) if (threads > 1)
   {
     std::vector<float> acc(static_cast<size_t>(H));
 #pragma omp for schedule(static)
