@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not nr.LIB.get(), reason=f"native routing unavai
 
 
 @pytest.mark.parametrize("t,e,k,kg,g", [(1, 8, 2, 0, 0), (37, 256, 8, 4, 8), (5, 64, 6, 2, 4), (3, 16, 16, 1, 1)])
-@pytest.mark.parametrize("scoring", ["sigmoid", "sqrtsoftplus"])
+@pytest.mark.parametrize("scoring", ["sigmoid", "sqrtsoftplus", "softmax"])
 def test_gate_picks_the_reference_experts(t, e, k, kg, g, scoring):
     logits = randn(t, e, seed=t + e, scale=2.0)
     logits[0, : e // 2] = 0.5  # ties inside and across groups

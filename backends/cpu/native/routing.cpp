@@ -21,10 +21,10 @@ void stable_top(const float* v, int64_t n, int64_t k, int64_t* out, std::vector<
 
 }  // namespace
 
-// scores fp32 [T, E] (sigmoid / sqrt-softplus of the logits, computed by torch so they match the
-// reference bit for bit); bias fp32 [E] or null; mask uint8 [T] or null. Writes idx int64 [T, k] and
-// weights fp32 [T, k].
-PK_EXPORT void pk_top2_sum_gate(const float* scores, const float* bias, int64_t T, int64_t E, int64_t k,
+// ranked fp32 [T, E]: what experts are ranked by (scores or logits, plus the bias), and scores fp32
+// [T, E] (the weights' source) — both computed by torch, so they match the reference bit for bit;
+// mask uint8 [T] or null. Writes idx int64 [T, k] and weights fp32 [T, k].
+PK_EXPORT void pk_top2_sum_gate(const float* ranked, const float* scores, int64_t T, int64_t E, int64_t k,
                                 int64_t topk_groups, int64_t groups, float scaling, int normalize, const uint8_t* mask,
                                 int64_t* idx, float* weights, int nthreads) {
   const bool grouped = groups > 0 && topk_groups < groups;
@@ -37,7 +37,7 @@ PK_EXPORT void pk_top2_sum_gate(const float* scores, const float* bias, int64_t 
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       const float* s = scores + t * E;
-      for (int64_t e = 0; e < E; ++e) biased[e] = bias ? s[e] + bias[e] : s[e];
+      std::memcpy(biased.data(), ranked + t * E, static_cast<size_t>(E) * 4);
       if (grouped) {
         const int64_t top = std::min<int64_t>(2, per_group);
         for (int64_t g = 0; g < groups; ++g) {

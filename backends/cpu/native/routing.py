@@ -1,9 +1,11 @@
 """Native MoE routing of the cpu backend (C++ in routing.cpp): top2_sum_gate after the scores,
 expand_to_fused(_with_sf) and reduce_fused, each one pass over its output.
 
-The gate's scores (sigmoid or sqrt(softplus) of the logits) are computed with torch, so they are
-the reference's bit for bit and the ranking that follows is identical; everything after them
-(bias, group scores, group and expert selection, normalisation, mask) runs in C++.
+The gate's scores and ranking values (the contract's `score_reference` and `ranking_reference`:
+sigmoid, sqrt(softplus) or softmax, plus the bias) are computed with torch, so they are the
+reference's bit for bit and the selection that follows is identical; everything after them (group
+scores, group and expert selection, normalisation, mask) runs in C++. Fixed routing
+(fix_routing_mask) is left to the reference (the provider declines it).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from portable_kernels.moe_routing.gate import ranking_reference, score_reference
 from portable_kernels.native.build import F32, I32, I64, PTR, NativeLibrary, num_threads, register_library
 
 from .._names import BACKEND
@@ -57,13 +59,12 @@ def top2_sum_gate_native(logits: torch.Tensor, bias: torch.Tensor | None, num_to
     if mask is not None:
         chk.tensor(op, "mask", mask, (torch.bool,), (t,), "pass bool [T]")
         mask = mask.contiguous()
-    x = logits.float()
-    scores = torch.sigmoid(x) if scoring_func == "sigmoid" else F.softplus(x).sqrt()
-    scores = scores.contiguous()
+    scores = score_reference(logits, scoring_func).contiguous()
+    ranked = ranking_reference(logits, scores, bias, scoring_func).contiguous()
     idx = torch.empty(t, num_topk, dtype=torch.int64)
     weights = torch.empty(t, num_topk, dtype=torch.float32)
     if t:
-        lib.pk_top2_sum_gate(scores.data_ptr(), chk.ptr(bias), t, e, num_topk, num_topk_groups, num_groups,
+        lib.pk_top2_sum_gate(ranked.data_ptr(), scores.data_ptr(), t, e, num_topk, num_topk_groups, num_groups,
                              float(routed_scaling_factor), int(normalize),
                              None if mask is None else mask.data_ptr(), idx.data_ptr(), weights.data_ptr(),
                              num_threads())
@@ -154,7 +155,9 @@ def register(registry) -> None:
     from portable_kernels.moe_routing.expand import EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF
     from portable_kernels.moe_routing.gate import TOP2_SUM_GATE
     from portable_kernels.moe_routing.reduce import REDUCE_FUSED
-    registry.kernel(TOP2_SUM_GATE.name, BACKEND, NATIVE, priority=10, devices=("cpu",), check=_available,
+    registry.kernel(TOP2_SUM_GATE.name, BACKEND, NATIVE, priority=10, devices=("cpu",),
+                    check=lambda c: _available(c) + ([] if c.fix_routing_mask is None else
+                                                     ["fixed routing (fix_routing_mask) runs in the reference"]),
                     doc="scores by torch, then selection and weights in C++ (deepjit)")(
         lambda c: top2_sum_gate_native(c.logits, c.bias, c.num_topk, c.num_topk_groups, c.num_groups,
                                        c.routed_scaling_factor, c.scoring_func, c.normalize, c.mask))
