@@ -124,3 +124,37 @@ def test_the_wheel_ships_every_native_source():
         sources = {p.suffix for p in folder.iterdir() if p.suffix in (".cpp", ".h")}
         assert sources, f"{folder} holds no native sources"
         assert {f"*{suffix}" for suffix in sources} <= set(data[package])
+
+
+_LOWER_ISA_SCRIPT = """
+import torch
+from portable_kernels.backends.cpu.native import casts, gemm, topk
+from portable_kernels.native.build import isa
+from portable_kernels.quantization import dequantize_reference, per_block_cast_to_fp8, per_token_cast_to_fp8
+from portable_kernels.quantization import quantize_blocks_reference
+assert isa() == "{isa}", isa()
+x = torch.randn(5, 300).bfloat16(); w = torch.randn(33, 300).bfloat16()
+a, b = per_token_cast_to_fp8(x), per_block_cast_to_fp8(w)
+d = torch.empty(5, 33)
+assert gemm.gemm_segments("t", a.data, a.scale, 128, b.data[None], b.scale[None], (128, 128), d, None, None, 300) == "fma"
+ref = dequantize_reference(a).double() @ dequantize_reference(b).double().T
+assert float(((d.double() - ref) ** 2).sum() / (ref ** 2).sum()) < 1e-12
+q, s = casts.cast_fp8(x, (1, 128), False)
+wq, ws = quantize_blocks_reference(x, 1, 128, False)
+assert torch.equal(s, ws) and torch.equal(q.view(torch.uint8), wq.view(torch.uint8))
+s = torch.randn(3, 500)
+v, i = topk.topk_native(s, 20)
+assert torch.equal(v.sort(1).values, torch.topk(s, 20).values.sort(1).values) and torch.equal(s.gather(1, i), v)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("level", ["avx2", "generic"])
+def test_lower_isa_builds_compute_the_same(level):
+    if level == "avx2" and build.detected_isa()[0] not in ("avx512", "avx2"):
+        pytest.skip("not an x86 machine with AVX2")
+    env = {**__import__("os").environ, build.ISA_ENV: level}
+    out = subprocess.run([sys.executable, "-c", _LOWER_ISA_SCRIPT.replace("{isa}", level)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")
