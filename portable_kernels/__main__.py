@@ -1,5 +1,5 @@
-"""Command line: `python -m portable_kernels {demo,doctor,conformance,layouts,ep-cost}` (also installed as
-`portable-kernels`)."""
+"""Command line: `python -m portable_kernels {demo,doctor,warmup,conformance,layouts,ep-cost}` (also installed
+as `portable-kernels`)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def _doctor(args: argparse.Namespace) -> int:
             print(f"    {op}:")
             for provider in providers:
                 print(f"      {provider.describe()}")
+    _native_report()
     return 0
 
 
@@ -52,6 +53,34 @@ def _options(pairs: list[str]) -> dict[str, str]:
             raise CliError(f"--option takes KEY=VALUE, got {pair!r}")
         options[key] = value
     return options
+
+
+def _native_report() -> None:
+    from .native import build
+    level, extras = build.detected_isa()
+    print(f"native host code (deepjit, knobs PK_JIT_*; PK_NATIVE=0 disables): built for {build.isa()} "
+          f"(detected {level}{', ' + ', '.join(sorted(extras)) if extras else ''}), "
+          f"flags {' '.join(build.compiler_flags())}, threads = torch.get_num_threads() = {build.num_threads()}")
+    for lib in build.libraries().values():
+        print(f"  {lib.family} ({lib.owner}, {lib.source.name}): {lib.status()}")
+
+
+def _warmup(args: argparse.Namespace) -> int:
+    import time
+
+    from .native import build
+    from .registry import available_backends
+    available_backends()  # loads the backends, which declare their native libraries
+    libs = [lib for lib in build.libraries().values() if args.backend in (None, lib.owner) or lib.owner == build.SHARED]
+    failed = 0
+    start = time.perf_counter()
+    for i, lib in enumerate(libs, 1):
+        bar = "#" * (20 * i // len(libs))
+        print(f"\r[{bar:20s}] {i}/{len(libs)} {lib.family:24s}", end="", file=sys.stderr, flush=True)
+        failed += lib.get() is None
+        print(f"\r[{bar:20s}] {i}/{len(libs)} {lib.family:24s} {lib.status()}", file=sys.stderr)
+    print(f"built or found {len(libs) - failed} of {len(libs)} native libraries in {time.perf_counter() - start:.1f} s")
+    return 1 if failed else 0
 
 
 def _conformance(args: argparse.Namespace) -> int:
@@ -106,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     doctor = sub.add_parser("doctor", help="list backends, their devices, providers and availability")
     doctor.set_defaults(func=_doctor)
+    warm = sub.add_parser("warmup", help="build (or find in the cache) every native kernel library ahead of time")
+    warm.add_argument("--backend", default=None, help="only this backend's libraries (plus the shared ones)")
+    warm.set_defaults(func=_warmup)
     lay = sub.add_parser("layouts", help="draw the per-chip byte layouts (needs the [plot] extra: matplotlib)")
     lay.add_argument("--plot", metavar="DIR", required=True, help="folder to write the PNGs into")
     lay.set_defaults(func=_layouts)

@@ -20,6 +20,7 @@ from .errors import BackendUnavailableError, ContractError, LayoutError
 from .formats import Format
 from .layouts.errors import LayoutConversionError
 from .layouts.ue8m0 import is_power_of_two
+from .native.layout_encoders import accelerated_encode
 from .registry import Backend, Selection, common_device, select_backend
 from .tensors import PreparedTensor, QuantTensor
 
@@ -43,7 +44,8 @@ def encode_operand(op: str, arg: str, backend: Backend, fmt: Format, options: di
             f"them as UE8M0 exponents ({fmt.name}); converting would change the math. Fix: quantize with "
             f"use_ue8m0=True (e.g. per_token_cast_to_fp8(x, use_ue8m0=True)) so every scale is a power of two.")
     try:
-        data, scale, storage_granularity = fmt.encode(qt)
+        # a native encoder writes the same bytes faster where one exists (portable_kernels.native)
+        data, scale, storage_granularity = accelerated_encode(fmt, qt) or fmt.encode(qt)
     except LayoutConversionError as exc:
         raise LayoutError(f"{op}: argument '{arg}' cannot be stored as {backend.name}:{fmt.name}: {exc}") from exc
     return PreparedTensor.unchecked(data, scale, fmt, backend.name, tuple(qt.shape), tuple(qt.granularity),

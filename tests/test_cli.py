@@ -40,8 +40,15 @@ def test_doctor_lists_cpu_and_its_providers(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "cpu: devices ['cpu']" in out and "format fp32-row-major" in out
-    assert "fp8_gemm_nt:\n      reference (priority 0) — formats a: fp32-row-major; b: fp32-row-major" in out
+    assert "fp8_gemm_nt:\n      native (priority 10) — formats a: fp32-row-major; b: fp32-row-major" in out
+    assert "      reference (priority 0) — formats a: fp32-row-major; b: fp32-row-major" in out
+    assert "native host code (deepjit" in out and "cpu_gemm (cpu, gemm.cpp):" in out
     assert "layout-reference (priority -100)" in out and "nvidia:" in out
+
+
+def test_warmup_builds_every_native_library(capsys):
+    assert main(["warmup", "--backend", "cpu"]) == 0
+    assert "native libraries" in capsys.readouterr().out
 
 
 def test_conformance_cli_exit_code_reflects_the_report(capsys):

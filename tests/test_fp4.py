@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import portable_kernels as pk
 from portable_kernels.layouts import unpack_e2m1
 from portable_kernels.testing import run_conformance
+from portable_kernels.testing.checks import assert_quantization_matches
 from portable_kernels.testing.generators import poison, randn
 
 FP4_OPS = ["per_token_cast_to_fp4", "fp8_fp4_gemm_nt", "swiglu_forward_and_per_token_cast"]
@@ -156,8 +157,8 @@ def test_swiglu_cast_equals_swiglu_then_per_token_cast():
     for round_sf in (False, True):
         q = pk.swiglu_forward_and_per_token_cast(x, "e4m3", 128, round_sf=round_sf)
         want = pk.per_token_cast_to_fp8(y, use_ue8m0=round_sf)
-        assert torch.equal(q.scale, want.scale)
-        assert torch.equal(q.data.view(torch.uint8), want.data.view(torch.uint8))
+        # a fused kernel's exp may round silu one ulp apart from torch's: the quantizers' own agreement rule
+        assert_quantization_matches(q, want, exact_scales=round_sf)
 
 
 def test_swiglu_weights_rows_and_zeroes_padding_rows():

@@ -1,0 +1,856 @@
+// gemm.cpp — the cpu backend's native GEMM family: D = C + A·Bᵀ for fp8 (block-scaled), bf16 and
+// fp8 x fp4 operands, dense and grouped (contiguous / masked), in one pass over "segments".
+//
+// A segment is a run of rows of A and D that multiply one group's B: (first row, row count, group).
+// A dense GEMM is one segment; a grouped GEMM lists its groups' valid rows, so padding rows are
+// never read or written. Two engines share that description:
+//  - "fma": A rows are dequantized once to fp32 (a·sfa rounded as the reference rounds it), B tiles
+//    are dequantized in registers / L1 (b·sfb likewise), products accumulate in fp32 with FMA. It
+//    reads every B byte once per call: the decode engine (few rows) and the portable fallback.
+//  - "amx" (x86 with AMX-BF16): A and B hold raw element values in bf16 (exact for e4m3 and e2m1),
+//    tiles multiply in fp32, and every `promote` K-elements the tile sums are scaled by sfa·sfb
+//    and added to fp32 accumulators (DeepGEMM's per-block promotion), so any scale (power of two or
+//    not) is applied in fp32. B comes pre-packed in VNNI tile order (packed once at ingest).
+// Python validates every argument before calling; these functions trust shapes and pointers.
+#include "pk_native.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+namespace {
+
+enum Kind : int { kFp8 = 0, kBf16 = 1, kFp4 = 2 };
+
+struct Seg {
+  int64_t row, rows, group;
+};
+
+#if defined(__AVX512F__)
+#define PK_VL 16
+#elif defined(__AVX2__)
+#define PK_VL 8
+#else
+#define PK_VL 1
+#endif
+constexpr int VL = PK_VL;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// ---- dequantization of rows to fp32 ----------------------------------------------------------------
+
+// out[0..k_pad) = values of one row: fp8·scale (per block of g), bf16, or e2m1·scale; zero past K.
+void dequant_row(const void* src, int kind, const float* scale, int64_t g, int64_t K, int64_t k_pad, float* out) {
+  if (kind == kBf16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    int64_t k = 0;
+#if defined(__AVX512F__)
+    for (; k + 16 <= K; k += 16)
+      _mm512_storeu_ps(out + k, pk::bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + k))));
+#endif
+    for (; k < K; ++k) out[k] = pk::bf16_to_f32(s[k]);
+  } else if (kind == kFp8) {
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    for (int64_t k0 = 0; k0 < K; k0 += g) {
+      const int64_t k1 = std::min(K, k0 + g);
+      const float sf = scale[k0 / g];
+      int64_t k = k0;
+#if defined(__AVX512F__)
+      const __m512 vs = _mm512_set1_ps(sf);
+      for (; k + 16 <= k1; k += 16) {
+        __m512 v = pk::fp8x16_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k)));
+        _mm512_storeu_ps(out + k, _mm512_mul_ps(v, vs));
+      }
+#endif
+      for (; k < k1; ++k) out[k] = pk::fp8_to_f32(s[k]) * sf;
+    }
+  } else {  // e2m1, two codes per byte, even element in the low nibble
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    for (int64_t k = 0; k < K; ++k) {
+      const uint8_t code = (k & 1) ? (s[k >> 1] >> 4) : (s[k >> 1] & 0xF);
+      out[k] = pk::kE2m1Values[code] * scale[k / g];
+    }
+  }
+  for (int64_t k = K; k < k_pad; ++k) out[k] = 0.0f;
+}
+
+// Same as dequant_row for B tiles, without the per-element branch on the fp4 path when possible.
+inline void dequant_b_row(const uint8_t* row_bytes, int kind, const float* scale, int64_t g, int64_t k0,
+                          int64_t k1, float* out) {
+  // [k0, k1) of one B row into out[0 .. k1-k0); k0 is a multiple of g (or 0 for bf16)
+  if (kind == kBf16) {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(row_bytes);
+    int64_t k = k0;
+#if defined(__AVX512F__)
+    for (; k + 16 <= k1; k += 16)
+      _mm512_storeu_ps(out + (k - k0),
+                       pk::bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + k))));
+#elif defined(__AVX2__)
+    for (; k + 8 <= k1; k += 8)
+      _mm256_storeu_ps(out + (k - k0), pk::bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k))));
+#endif
+    for (; k < k1; ++k) out[k - k0] = pk::bf16_to_f32(s[k]);
+    return;
+  }
+  for (int64_t b0 = k0; b0 < k1; b0 += g) {
+    const int64_t b1 = std::min(k1, b0 + g);
+    const float sf = scale[b0 / g];
+    int64_t k = b0;
+    if (kind == kFp8) {
+#if defined(__AVX512F__)
+      const __m512 vs = _mm512_set1_ps(sf);
+      for (; k + 16 <= b1; k += 16) {
+        __m512 v = pk::fp8x16_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row_bytes + k)));
+        _mm512_storeu_ps(out + (k - k0), _mm512_mul_ps(v, vs));
+      }
+#elif defined(__AVX2__)
+      const __m256 vs = _mm256_set1_ps(sf);
+      for (; k + 8 <= b1; k += 8) {
+        // v·2^-8·2^8 is exact, so one rounding happens (·sf), as in the reference's v·sf
+        __m256 v = pk::fp8x8_to_f32_scaled(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row_bytes + k)));
+        _mm256_storeu_ps(out + (k - k0), _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(256.0f)), vs));
+      }
+#endif
+      for (; k < b1; ++k) out[k - k0] = pk::fp8_to_f32(row_bytes[k]) * sf;
+    } else {
+#if defined(__AVX512F__)
+      const __m512 table = _mm512_loadu_ps(pk::kE2m1Values);
+      const __m512 vs = _mm512_set1_ps(sf);
+      for (; k + 16 <= b1; k += 16) {  // k is even here (g and k0 are even)
+        __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row_bytes + (k >> 1)));
+        __m128i w = _mm_cvtepu8_epi16(bytes);
+        __m128i pairs = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0F)),
+                                     _mm_slli_epi16(_mm_srli_epi16(w, 4), 8));
+        __m512 v = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(pairs), table);
+        _mm512_storeu_ps(out + (k - k0), _mm512_mul_ps(v, vs));
+      }
+#endif
+      for (; k < b1; ++k) {
+        const uint8_t code = (k & 1) ? (row_bytes[k >> 1] >> 4) : (row_bytes[k >> 1] & 0xF);
+        out[k - k0] = pk::kE2m1Values[code] * sf;
+      }
+    }
+  }
+}
+
+// ---- the fma engine ---------------------------------------------------------------------------------
+
+constexpr int NR = 4;           // B rows per tile
+constexpr int MR = 4;           // A rows per register block
+constexpr int64_t KC = 1024;    // K elements per chunk: A chunk (<= 16 rows) and B tile stay in L1/L2
+constexpr int64_t NRANGE = 64;  // columns per task: each task streams its own B rows once
+
+#if PK_VL > 1
+#if defined(__AVX512F__)
+using vec = __m512;
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+#else
+using vec = __m256;
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(vec v) { return pk::hsum(v); }
+#endif
+#endif
+
+// out[i * ldo + j] += sum_k A[i][k] * B[j][k] over k in [0, kc) (kc a multiple of VL), for R A rows
+// (stride lda) and NR B rows (stride ldb).
+template <int R>
+void fma_block(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t kc, float* out, int64_t ldo) {
+#if PK_VL > 1
+  vec c[R][NR];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NR; ++j) c[i][j] = vzero();
+  for (int64_t k = 0; k < kc; k += VL) {
+    vec b[NR];
+    for (int j = 0; j < NR; ++j) b[j] = vload(B + j * ldb + k);
+    for (int i = 0; i < R; ++i) {
+      vec a = vload(A + i * lda + k);
+      for (int j = 0; j < NR; ++j) c[i][j] = vfma(a, b[j], c[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NR; ++j) out[i * ldo + j] += vsum(c[i][j]);
+#else
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NR; ++j) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < kc; ++k) s += A[i * lda + k] * B[j * ldb + k];
+      out[i * ldo + j] += s;
+    }
+#endif
+}
+
+struct Operand {
+  const uint8_t* data;   // element bytes of row 0 (group 0)
+  int kind;
+  const float* scale;    // row-major scales of row-block 0 (group 0), or null
+  int64_t gran_mn;       // rows per scale row
+  int64_t gran_k;        // K elements per scale
+  int64_t row_bytes;     // bytes between rows
+  int64_t scale_ld;      // floats between scale rows
+  int64_t group_bytes;   // bytes between groups (B only)
+  int64_t group_scale;   // floats between groups' scales (B only)
+};
+
+struct Output {
+  void* d;
+  int d_bf16;
+  const void* c;
+  int c_bf16;
+  int64_t ld;  // elements between rows of d and c
+};
+
+inline void write_out(const Output& o, int64_t r, int64_t n, float v) {
+  if (o.c) {
+    v += o.c_bf16 ? pk::bf16_to_f32(static_cast<const uint16_t*>(o.c)[r * o.ld + n])
+                  : static_cast<const float*>(o.c)[r * o.ld + n];
+  }
+  if (o.d_bf16)
+    static_cast<uint16_t*>(o.d)[r * o.ld + n] = pk::f32_to_bf16(v);
+  else
+    static_cast<float*>(o.d)[r * o.ld + n] = v;
+}
+
+void fma_engine(const Operand& a, const Operand& b, const Output& o, const Seg* segs, int64_t nsegs, int64_t N,
+                int64_t K, int nthreads) {
+  const int64_t k_pad = round_up(K, VL);
+  // A rows of every segment, dequantized once: [sum rows, k_pad] (zero past K)
+  std::vector<int64_t> first(nsegs + 1, 0);
+  for (int64_t s = 0; s < nsegs; ++s) first[s + 1] = first[s] + segs[s].rows;
+  const int64_t total_rows = first[nsegs];
+  if (total_rows == 0 || N == 0) return;
+  std::vector<float> A(static_cast<size_t>(total_rows * k_pad));
+  const int64_t ranges = (N + NRANGE - 1) / NRANGE;
+  const int64_t tasks = nsegs * ranges;
+  // small problems run on the calling thread: a parallel region costs more than they do
+  const double work = double(total_rows) * double(N) * double(K);
+  const int threads = work < 4.0e6 ? 1 : std::max<int>(1, std::min<int64_t>(nthreads, std::max(tasks, total_rows)));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < total_rows; ++i) {
+      int64_t s = std::upper_bound(first.begin(), first.end(), i) - first.begin() - 1;
+      const int64_t r = segs[s].row + (i - first[s]);
+      dequant_row(a.data + r * a.row_bytes, a.kind, a.scale ? a.scale + r * a.scale_ld : nullptr, a.gran_k, K,
+                  k_pad, A.data() + i * k_pad);
+    }
+    const int64_t kc_step = b.kind == kBf16 ? KC : std::max(b.gran_k, KC / b.gran_k * b.gran_k);
+    const int64_t width_max = round_up(std::min(kc_step, K), VL);
+    std::vector<float> tile(static_cast<size_t>(NR * width_max));
+    std::vector<float> part;
+    // a task = (segment, range of NRANGE columns): B rows of the range are read once, chunk by chunk
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t s = t / ranges;
+      const Seg& seg = segs[s];
+      if (seg.rows == 0) continue;
+      const int64_t c0 = (t % ranges) * NRANGE, c1 = std::min(N, c0 + NRANGE), cols = c1 - c0;
+      const uint8_t* bg = b.data + seg.group * b.group_bytes;
+      const float* sg = b.scale ? b.scale + seg.group * b.group_scale : nullptr;
+      const int64_t ldp = round_up(cols, NR);
+      part.assign(static_cast<size_t>(seg.rows * ldp), 0.0f);
+      for (int64_t k0 = 0; k0 < K; k0 += kc_step) {
+        const int64_t k1 = std::min(K, k0 + kc_step);
+        const int64_t width = round_up(k1 - k0, VL);
+        const float* Ab = A.data() + first[s] * k_pad + k0;
+        for (int64_t n0 = c0; n0 < c1; n0 += NR) {
+          const int64_t nr = std::min<int64_t>(NR, c1 - n0);
+          for (int j = 0; j < NR; ++j) {
+            float* dst = tile.data() + j * width;
+            if (j < nr) {
+              const int64_t n = n0 + j;
+              dequant_b_row(bg + n * b.row_bytes, b.kind, sg ? sg + (n / b.gran_mn) * b.scale_ld : nullptr,
+                            b.gran_k, k0, k1, dst);
+              std::fill(dst + (k1 - k0), dst + width, 0.0f);
+            } else {
+              std::fill(dst, dst + width, 0.0f);
+            }
+          }
+          float* out = part.data() + (n0 - c0);
+          int64_t m = 0;
+          for (; m + MR <= seg.rows; m += MR) fma_block<MR>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp);
+          switch (seg.rows - m) {
+            case 3: fma_block<3>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp); break;
+            case 2: fma_block<2>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp); break;
+            case 1: fma_block<1>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp); break;
+            default: break;
+          }
+        }
+      }
+      for (int64_t i = 0; i < seg.rows; ++i)
+        for (int64_t n = c0; n < c1; ++n) write_out(o, seg.row + i, n, part[i * ldp + (n - c0)]);
+    }
+  }
+}
+
+
+// ---- the amx engine -------------------------------------------------------------------------------
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#define PK_HAVE_AMX_CODE 1
+
+constexpr int64_t TK = 32;         // K elements (bf16) per tile row
+constexpr int64_t TM = 16;         // rows per tile
+constexpr int64_t TILE = TM * TK;  // bf16 elements per A or B tile (1 KiB)
+// Blocking (overridable with -D for tuning experiments; the defaults are what ships):
+#ifndef PK_MCH
+#define PK_MCH 512
+#endif
+#ifndef PK_NCH
+#define PK_NCH 128
+#endif
+#ifndef PK_KCH
+#define PK_KCH 512
+#endif
+#ifndef PK_PREFETCH_HINT
+#define PK_PREFETCH_HINT _MM_HINT_T0
+#endif
+constexpr int64_t MCH = PK_MCH;    // rows of one task: each converted B panel serves MCH rows
+constexpr int64_t NCH = PK_NCH;    // columns of one task (accumulators: MCH x NCH fp32 = 256 KiB)
+constexpr int64_t KCH = PK_KCH;    // K elements per chunk: the B panel (32 x KCH bf16) stays in L1
+constexpr int64_t PREFETCH_STEPS = 8;  // K steps (of 32) a B row is prefetched ahead of its conversion
+
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+bool amx_permitted() {
+  static int state = -1;  // the permission is per process: ask the kernel once
+  if (state < 0) {
+    unsigned a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    const bool cpu = ((d >> 22) & 1) && ((d >> 24) & 1);  // AMX-BF16, AMX-TILE
+    state = cpu && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  }
+  return state == 1;
+}
+
+// 16 x 16 transpose of 32-bit elements: on return r[j] holds element j of every input row.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);      // a0 b0 a1 b1 | per 128-bit lane
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);  // a2 b2 a3 b3
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);      // a0 b0 c0 d0
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);  // a1 b1 c1 d1
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);  // a2 b2 c2 d2
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);  // a3 b3 c3 d3
+  }
+  // r[4g + e] holds, in lane L, element 4L + e of rows 4g..4g+3
+  for (int e = 0; e < 4; ++e) {
+    // lanes: (rows 0-3 | rows 4-7) and (rows 8-11 | rows 12-15), element lanes 0,1 then 2,3
+    t[e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44);       // L0 L1 of g0, L0 L1 of g1
+    t[4 + e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);   // L2 L3 of g0, L2 L3 of g1
+    t[8 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44);
+    t[12 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
+  }
+  for (int e = 0; e < 4; ++e) {
+    // element 4L + e for L = 0..3: gather lane L of the four row groups
+    r[e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0x88);        // L0: g0 g1 g2 g3
+    r[4 + e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0xDD);    // L1
+    r[8 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0x88);   // L2
+    r[12 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0xDD);  // L3
+  }
+}
+
+// bf16 bits of the 128 non-negative e4m3 codes, as four 32-word tables (NaN code 0x7F -> 0x7FC0).
+struct Fp8Table {
+  __m512i t[4];
+  Fp8Table() {
+    alignas(64) uint16_t v[128];
+    for (int c = 0; c < 128; ++c) v[c] = pk::fp8_to_bf16_bits(uint8_t(c));
+    for (int i = 0; i < 4; ++i) t[i] = _mm512_load_si512(v + 32 * i);
+  }
+};
+
+// 32 e4m3 bytes -> 32 bf16 words, exact (table lookup on the magnitude, then the sign bit).
+inline __m512i fp8x32_to_bf16(__m256i bytes, const Fp8Table& lut) {
+  const __m512i w = _mm512_cvtepu8_epi16(bytes);
+  const __m512i lo = _mm512_permutex2var_epi16(lut.t[0], w, lut.t[1]);  // codes 0..63 (index bits 0-5)
+  const __m512i hi = _mm512_permutex2var_epi16(lut.t[2], w, lut.t[3]);  // codes 64..127
+  const __m512i v = _mm512_mask_mov_epi16(lo, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), hi);
+  return _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
+}
+
+// 16 bytes of packed e2m1 (32 codes, even element low) -> 32 bf16 words; `shift` adds a power-of-two
+// exponent to every non-zero value (a folded UE8M0 scale; the result stays exact).
+inline __m512i e2m1x32_to_bf16(__m128i bytes, int shift) {
+  const __m512i d = _mm512_cvtepu8_epi32(bytes);
+  const __m512i codes = _mm512_or_si512(_mm512_and_si512(d, _mm512_set1_epi32(0xF)),
+                                        _mm512_slli_epi32(_mm512_and_si512(d, _mm512_set1_epi32(0xF0)), 12));
+  const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         (short)0xC0C0, (short)0xC080, (short)0xC040, (short)0xC000, (short)0xBFC0,
+                                         (short)0xBF80, (short)0xBF00, (short)0x8000,
+                                         0x40C0, 0x4080, 0x4040, 0x4000, 0x3FC0, 0x3F80, 0x3F00, 0x0000);
+  __m512i v = _mm512_permutexvar_epi16(codes, table);
+  if (shift != 0) {
+    const __mmask32 nz = _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7FFF));
+    v = _mm512_mask_add_epi16(v, nz, v, _mm512_set1_epi16(int16_t(shift * 128)));
+  }
+  return v;
+}
+
+struct BSource {
+  const uint8_t* data;  // row 0 of this group
+  int kind;
+  int64_t row_bytes, N, K;
+  const float* fold;    // e2m1 only: per-(row, gran_k) power-of-two scales folded into the values, or null
+  int64_t fold_ld, fold_gran;
+};
+
+// B rows [n0, n0 + 32) x K steps [ks0, ks1) -> buf, VNNI tile order [2][ks1 - ks0][16 pairs][16 n][2].
+// Each row's bytes one chunk (ks1 - ks0 steps) ahead are prefetched into L2: the next chunk of these
+// rows is converted only after the other panels of the task, too late for L1.
+void convert_b_panel(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uint16_t* buf) {
+  const int64_t steps = ks1 - ks0;
+  static const Fp8Table lut;
+  for (int t = 0; t < 2; ++t)
+    for (int64_t ks = ks0; ks < ks1; ++ks) {
+      __m512i r[16];
+      const int64_t k0 = ks * TK;
+      const int64_t kn = std::min<int64_t>(TK, b.K - k0);
+      for (int i = 0; i < 16; ++i) {
+        const int64_t n = n0 + t * 16 + i;
+        if (n >= b.N || kn <= 0) {
+          r[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const uint8_t* row = b.data + n * b.row_bytes;
+        // B rows are far apart (one page or more): hardware prefetchers lose track of 32 such
+        // streams, so fetch each row's next chunk ourselves
+        const int64_t ahead = (k0 + (ks1 - ks0) * TK) * (b.kind == kBf16 ? 2 : 1) / (b.kind == kFp4 ? 2 : 1);
+        if (ahead < b.row_bytes) _mm_prefetch(reinterpret_cast<const char*>(row + ahead), _MM_HINT_T1);
+        if (b.kind == kBf16) {
+          const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
+          r[i] = _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k0);
+        } else if (b.kind == kFp8) {
+          const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
+          r[i] = fp8x32_to_bf16(_mm256_maskz_loadu_epi8(m, row + k0), lut);
+        } else {
+          const int64_t nb = (kn + 1) / 2;  // K is even for e2m1
+          const __mmask16 m = nb >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nb) - 1);
+          int shift = 0;
+          if (b.fold) shift = int(pk::f32_bits(b.fold[n * b.fold_ld + k0 / b.fold_gran]) >> 23) - 127;
+          r[i] = e2m1x32_to_bf16(_mm_maskz_loadu_epi8(m, row + k0 / 2), shift);
+        }
+      }
+      transpose16(r);
+      uint16_t* dst = buf + (t * steps + (ks - ks0)) * TILE;
+      for (int p = 0; p < 16; ++p) _mm512_store_si512(reinterpret_cast<__m512i*>(dst + p * 32), r[p]);
+    }
+}
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+
+inline void tile_config() {
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = TM;
+    cfg.colsb[t] = 64;
+  }
+  // the intrinsic's asm names only 8 bytes of cfg as input: keep the other stores alive
+  __asm__ volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
+inline void tile_release() { _tile_release(); }
+
+// acc[m][n] += buf[m][n] * sa[m] * sb[n] for MT x 2 tiles of 16 x 16 fp32 (tile (i, j) at
+// buf + (2 i + j) * 256); sa null means 1, sb null likewise.
+template <int MT>
+inline void promote(const float* buf, float* acc, int64_t acc_ld, const float* sa, const float* sb) {
+  const __m512 sb0 = sb ? _mm512_loadu_ps(sb) : _mm512_set1_ps(1.0f);
+  const __m512 sb1 = sb ? _mm512_loadu_ps(sb + 16) : _mm512_set1_ps(1.0f);
+  for (int i = 0; i < MT; ++i)
+    for (int r = 0; r < 16; ++r) {
+      const int64_t m = i * 16 + r;
+      const __m512 vsa = _mm512_set1_ps(sa ? sa[m] : 1.0f);
+      float* arow = acc + m * acc_ld;
+      const __m512 p0 = _mm512_load_ps(buf + (2 * i) * 256 + r * 16);
+      const __m512 p1 = _mm512_load_ps(buf + (2 * i + 1) * 256 + r * 16);
+      _mm512_storeu_ps(arow, _mm512_fmadd_ps(p0, _mm512_mul_ps(vsa, sb0), _mm512_loadu_ps(arow)));
+      _mm512_storeu_ps(arow + 16, _mm512_fmadd_ps(p1, _mm512_mul_ps(vsa, sb1), _mm512_loadu_ps(arow + 16)));
+    }
+}
+
+// One (16·MT x 32) block over K steps [0, steps) of the current chunk: tiles 0-3 accumulate C
+// (0, 1 for rows 0-15; 2, 3 for rows 16-31), 4-5 hold A, 6-7 hold B. A tiles: a0 (rows 0-15) and
+// a0 + a_tile_step (rows 16-31), K steps 1 KiB apart; B tiles: b0 and b0 + b_tile_step likewise.
+// Every `spp` steps the sums are promoted: acc += sum * sa[kp] * sb[kp] (kp counted from kp0).
+template <int MT>
+void block(const uint16_t* a0, int64_t a_tile_step, const uint16_t* b0, int64_t b_tile_step, int64_t steps,
+           int64_t spp, int64_t kp0, float* buf, float* acc, int64_t acc_ld, const float* sa, int64_t sa_ld,
+           const float* sb, int64_t sb_ld) {
+  for (int64_t p0 = 0; p0 < steps; p0 += spp) {
+    const int64_t p1 = std::min(steps, p0 + spp);
+    _tile_zero(0);
+    _tile_zero(1);
+    if (MT == 2) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int64_t ks = p0; ks < p1; ++ks) {
+      _tile_loadd(6, b0 + ks * TILE, 64);
+      _tile_loadd(7, b0 + b_tile_step + ks * TILE, 64);
+      _tile_loadd(4, a0 + ks * TILE, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (MT == 2) {
+        _tile_loadd(5, a0 + a_tile_step + ks * TILE, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, buf, 64);
+    _tile_stored(1, buf + 256, 64);
+    if (MT == 2) {
+      _tile_stored(2, buf + 512, 64);
+      _tile_stored(3, buf + 768, 64);
+    }
+    const int64_t kp = kp0 + p0 / spp;
+    promote<MT>(buf, acc, acc_ld, sa ? sa + kp * sa_ld : nullptr, sb ? sb + kp * sb_ld : nullptr);
+  }
+}
+
+// Few-row segments (<= 16 rows) swap the operands' roles: the weight rows become the tiles' "A"
+// side, which AMX reads row-major, so they are only widened to bf16 (no transpose), and the few
+// activation rows are transposed once per call into the "B" side. C tiles hold [16 n x 16 m].
+// Tiles 0-3 accumulate four n-tiles, 4-5 take weight tiles in turn, 6 holds the activations.
+void block_t(const uint16_t* w, int64_t steps, const uint16_t* x, int64_t spp, int64_t kp0, float* buf, float* acc,
+             const float* sw, int64_t sw_ld, const float* sx, int64_t sx_ld) {
+  for (int64_t p0 = 0; p0 < steps; p0 += spp) {
+    const int64_t p1 = std::min(steps, p0 + spp);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t ks = p0; ks < p1; ++ks) {
+      _tile_loadd(6, x + ks * TILE, 64);
+      _tile_loadd(4, w + (0 * steps + ks) * TILE, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(5, w + (1 * steps + ks) * TILE, 64);
+      _tile_dpbf16ps(1, 5, 6);
+      _tile_loadd(4, w + (2 * steps + ks) * TILE, 64);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(5, w + (3 * steps + ks) * TILE, 64);
+      _tile_dpbf16ps(3, 5, 6);
+    }
+    _tile_stored(0, buf, 64);
+    _tile_stored(1, buf + 256, 64);
+    _tile_stored(2, buf + 512, 64);
+    _tile_stored(3, buf + 768, 64);
+    const int64_t kp = kp0 + p0 / spp;
+    // acc [64 n][16 m] += buf * sw[n] * sx[m]
+    const __m512 vx = sx ? _mm512_loadu_ps(sx + kp * sx_ld) : _mm512_set1_ps(1.0f);
+    for (int64_t n = 0; n < 64; ++n) {
+      const __m512 sc = sw ? _mm512_mul_ps(vx, _mm512_set1_ps(sw[kp * sw_ld + n])) : vx;
+      _mm512_storeu_ps(acc + n * 16, _mm512_fmadd_ps(_mm512_load_ps(buf + n * 16), sc, _mm512_loadu_ps(acc + n * 16)));
+    }
+  }
+}
+
+#pragma GCC pop_options
+
+// Raw bf16 bits of element k of an A row (fp8 / bf16).
+inline uint16_t raw_bf16(const uint8_t* row, int kind, int64_t k) {
+  if (kind == kBf16) return reinterpret_cast<const uint16_t*>(row)[k];
+  return pk::fp8_to_bf16_bits(row[k]);
+}
+
+// A rows [r0, r0 + rows) (row_bytes apart) -> tile order [rtiles][ksteps][16][32] raw bf16,
+// rows past `rows` and K past `K` zero.
+void pack_a_tiles(const uint8_t* a, int kind, int64_t row_bytes, int64_t r0, int64_t rows, int64_t rtiles, int64_t K,
+                  int64_t ksteps, uint16_t* out) {
+  static const Fp8Table lut;
+  for (int64_t rt = 0; rt < rtiles; ++rt)
+    for (int64_t i = 0; i < TM; ++i) {
+      const int64_t r = rt * TM + i;
+      uint16_t* dst = out + rt * ksteps * TILE + i * TK;
+      if (r >= rows) {
+        for (int64_t ks = 0; ks < ksteps; ++ks) std::memset(dst + ks * TILE, 0, TK * 2);
+        continue;
+      }
+      const uint8_t* row = a + (r0 + r) * row_bytes;
+      for (int64_t ks = 0; ks < ksteps; ++ks) {
+        uint16_t* t = dst + ks * TILE;
+        const int64_t k0 = ks * TK;
+        if (kind == kFp8 && k0 + TK <= K) {
+          _mm512_storeu_si512(t, fp8x32_to_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k0)), lut));
+        } else if (kind == kBf16 && k0 + TK <= K) {
+          std::memcpy(t, reinterpret_cast<const uint16_t*>(row) + k0, TK * 2);
+        } else {
+          for (int64_t k = 0; k < TK; ++k) t[k] = k0 + k < K ? raw_bf16(row, kind, k0 + k) : 0;
+        }
+      }
+    }
+}
+
+void amx_engine(const Operand& a, const Operand& b, const Output& o, const Seg* segs, int64_t nsegs, int64_t N,
+                int64_t K, int64_t promo, bool fold_b, int nthreads) {
+  const int64_t ksteps = (K + TK - 1) / TK;
+  const int64_t spp = promo / TK;  // K steps per promotion
+  const int64_t kp_count = (ksteps + spp - 1) / spp;
+  const int64_t kc_steps = std::max<int64_t>(1, (KCH / TK) / spp) * spp;  // chunks hold whole promotion blocks
+  const bool scaled_a = a.scale != nullptr, scaled_b = b.scale != nullptr && !fold_b;
+  // per segment: packed A tiles (rows padded to 32) and per-row A scales per promotion block
+  std::vector<int64_t> tile_first(nsegs + 1, 0);
+  for (int64_t s = 0; s < nsegs; ++s) tile_first[s + 1] = tile_first[s] + (segs[s].rows + 31) / 32 * 2;
+  const int64_t total_tiles = tile_first[nsegs];
+  if (total_tiles == 0 || N == 0) return;
+  std::unique_ptr<uint16_t[]> apk(new uint16_t[static_cast<size_t>(total_tiles * ksteps * TILE)]);  // all written
+  std::vector<float> sa(scaled_a ? static_cast<size_t>(total_tiles * TM * kp_count) : 0);  // [kp][row]
+  const int64_t sa_ld = total_tiles * TM;
+  // tasks: (segment, chunk of MCH rows, chunk of NCH columns)
+  std::vector<int64_t> task_first(nsegs + 1, 0);
+  const int64_t nchunks = (N + NCH - 1) / NCH;
+  for (int64_t s = 0; s < nsegs; ++s) task_first[s + 1] = task_first[s] + (segs[s].rows + MCH - 1) / MCH * nchunks;
+  const int64_t tasks = task_first[nsegs];
+  const int threads = std::max<int>(1, std::min<int64_t>(nthreads, std::max<int64_t>(tasks, total_tiles / 2)));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < total_tiles / 2; ++t) {  // pairs of row tiles (32 rows)
+      const int64_t s = std::upper_bound(tile_first.begin(), tile_first.end(), 2 * t) - tile_first.begin() - 1;
+      const int64_t r0 = (2 * t - tile_first[s]) * TM;
+      const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(32, segs[s].rows - r0));
+      pack_a_tiles(a.data, a.kind, a.row_bytes, segs[s].row + r0, rows, 2, K, ksteps, apk.get() + 2 * t * ksteps * TILE);
+      if (scaled_a)
+        for (int64_t i = 0; i < 32; ++i)
+          for (int64_t kp = 0; kp < kp_count; ++kp)
+            sa[kp * sa_ld + 2 * t * TM + i] =
+                i < rows ? a.scale[(segs[s].row + r0 + i) * a.scale_ld + (kp * promo) / a.gran_k] : 0.0f;
+    }
+    tile_config();
+    std::vector<float> acc(static_cast<size_t>(MCH * NCH));
+    std::vector<float> sb(scaled_b ? static_cast<size_t>(kp_count * NCH) : 0);
+    std::unique_ptr<uint16_t[], void (*)(void*)> panel(
+        static_cast<uint16_t*>(std::aligned_alloc(64, 2 * kc_steps * TILE * 2)), std::free);
+    alignas(64) float buf[4 * 256];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t s = std::upper_bound(task_first.begin(), task_first.end(), t) - task_first.begin() - 1;
+      const Seg& seg = segs[s];
+      const int64_t local = t - task_first[s];
+      const int64_t m0 = (local / nchunks) * MCH, n0 = (local % nchunks) * NCH;
+      const int64_t rows = std::min(MCH, seg.rows - m0), cols = std::min(NCH, N - n0);
+      const int64_t rows32 = (rows + 31) / 32 * 32, cols32 = (cols + 31) / 32 * 32;
+      for (int64_t i = 0; i < rows32; ++i) std::fill(acc.begin() + i * NCH, acc.begin() + i * NCH + cols32, 0.0f);
+      if (scaled_b) {  // sb[kp][n] for this task's columns (0 past N)
+        const float* sg = b.scale + seg.group * b.group_scale;
+        for (int64_t kp = 0; kp < kp_count; ++kp)
+          for (int64_t n = 0; n < NCH; ++n)
+            sb[kp * NCH + n] = n < cols ? sg[((n0 + n) / b.gran_mn) * b.scale_ld + (kp * promo) / b.gran_k] : 0.0f;
+      }
+      BSource src{b.data + seg.group * b.group_bytes, b.kind, b.row_bytes, N, K,
+                  fold_b ? b.scale + seg.group * b.group_scale : nullptr, b.scale_ld, b.gran_k};
+      const uint16_t* ag = apk.get() + (tile_first[s] + m0 / TM) * ksteps * TILE;
+      const float* sag = scaled_a ? sa.data() + (tile_first[s] + m0 / TM) * TM : nullptr;
+      for (int64_t kc0 = 0; kc0 < ksteps; kc0 += kc_steps) {
+        const int64_t kc1 = std::min(ksteps, kc0 + kc_steps), steps = kc1 - kc0;
+        for (int64_t nb = 0; nb < cols32; nb += 32) {
+          convert_b_panel(src, n0 + nb, kc0, kc1, panel.get());
+          for (int64_t mb = 0; mb < rows32; mb += 32) {
+            const uint16_t* am = ag + (mb / TM) * ksteps * TILE + kc0 * TILE;
+            float* accb = acc.data() + mb * NCH + nb;
+            const float* sam = sag ? sag + mb : nullptr;
+            const float* sbn = scaled_b ? sb.data() + nb : nullptr;
+            if (rows - mb <= 16)
+              block<1>(am, ksteps * TILE, panel.get(), steps * TILE, steps, spp, kc0 / spp, buf, accb, NCH, sam,
+                       sa_ld, sbn, NCH);
+            else
+              block<2>(am, ksteps * TILE, panel.get(), steps * TILE, steps, spp, kc0 / spp, buf, accb, NCH, sam,
+                       sa_ld, sbn, NCH);
+          }
+        }
+      }
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t n = 0; n < cols; ++n) write_out(o, seg.row + m0 + i, n0 + n, acc[i * NCH + n]);
+    }
+    tile_release();
+  }
+}
+
+// Weight rows [n0, n0 + 64) x K steps [ks0, ks1) -> buf, row-major tiles [4][ks1 - ks0][16 rows][32].
+void convert_w_rows(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uint16_t* buf) {
+  static const Fp8Table lut;
+  const int64_t steps = ks1 - ks0;
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < 16; ++i) {
+      const int64_t n = n0 + 16 * t + i;
+      const uint8_t* row = n < b.N ? b.data + n * b.row_bytes : nullptr;
+      int shift_row = 0;
+      for (int64_t ks = ks0; ks < ks1; ++ks) {
+        uint16_t* dst = buf + (t * steps + (ks - ks0)) * TILE + i * 32;
+        const int64_t k0 = ks * TK, kn = std::min<int64_t>(TK, b.K - k0);
+        if (!row || kn <= 0) {
+          _mm512_store_si512(dst, _mm512_setzero_si512());
+          continue;
+        }
+        const int64_t ahead = (k0 + PREFETCH_STEPS * TK) * (b.kind == kBf16 ? 2 : 1) / (b.kind == kFp4 ? 2 : 1);
+        if (ahead < b.row_bytes) _mm_prefetch(reinterpret_cast<const char*>(row + ahead), PK_PREFETCH_HINT);
+        __m512i v;
+        if (b.kind == kBf16) {
+          const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
+          v = _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k0);
+        } else if (b.kind == kFp8) {
+          const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
+          v = fp8x32_to_bf16(_mm256_maskz_loadu_epi8(m, row + k0), lut);
+        } else {
+          const int64_t nb = (kn + 1) / 2;
+          const __mmask16 m = nb >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nb) - 1);
+          if (b.fold) shift_row = int(pk::f32_bits(b.fold[n * b.fold_ld + k0 / b.fold_gran]) >> 23) - 127;
+          v = e2m1x32_to_bf16(_mm_maskz_loadu_epi8(m, row + k0 / 2), shift_row);
+        }
+        _mm512_store_si512(dst, v);
+      }
+    }
+}
+
+// Segments of at most 16 rows (decode): tasks (segment, 64 weight rows); see block_t.
+void amx_small_engine(const Operand& a, const Operand& b, const Output& o, const Seg* segs, int64_t nsegs, int64_t N,
+                      int64_t K, int64_t promo, bool fold_b, int nthreads) {
+  static const Fp8Table lut;
+  const int64_t ksteps = (K + TK - 1) / TK, spp = promo / TK, kp_count = (ksteps + spp - 1) / spp;
+  // whole rows at once where the panel fits in L2 (4 tiles x 256 steps = 1 MiB): the task's 64 weight
+  // rows are one contiguous region, so reading them row after row over all of K is one sequential
+  // stream, which the hardware prefetchers follow (chunks of K would jump between 64 rows)
+  const int64_t kc_steps = std::max<int64_t>(1, std::min<int64_t>(ksteps, 256) / spp) * spp;
+  const bool scaled_a = a.scale != nullptr, scaled_b = b.scale != nullptr && !fold_b;
+  const int64_t nchunks = (N + 63) / 64, tasks = nsegs * nchunks;
+  // activations of every segment as VNNI tiles [seg][ksteps][16 pairs][16 rows][2], and their scales [seg][kp][16]
+  std::unique_ptr<uint16_t[]> xpk(new uint16_t[static_cast<size_t>(nsegs * ksteps * TILE)]);
+  std::vector<float> sx(scaled_a ? static_cast<size_t>(nsegs * kp_count * 16) : 0);
+  const int threads = std::max<int>(1, std::min<int64_t>(nthreads, tasks));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+#pragma omp for schedule(static)
+    for (int64_t s = 0; s < nsegs; ++s) {
+      const Seg& seg = segs[s];
+      for (int64_t ks = 0; ks < ksteps; ++ks) {
+        __m512i r[16];
+        const int64_t k0 = ks * TK, kn = std::min<int64_t>(TK, K - k0);
+        for (int i = 0; i < 16; ++i) {
+          if (i >= seg.rows) {
+            r[i] = _mm512_setzero_si512();
+            continue;
+          }
+          const uint8_t* row = a.data + (seg.row + i) * a.row_bytes;
+          const __mmask32 m = kn >= 32 ? ~__mmask32(0) : __mmask32((1u << kn) - 1);
+          r[i] = a.kind == kBf16 ? _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k0)
+                                 : fp8x32_to_bf16(_mm256_maskz_loadu_epi8(m, row + k0), lut);
+        }
+        transpose16(r);
+        uint16_t* dst = xpk.get() + (s * ksteps + ks) * TILE;
+        for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + p * 32, r[p]);
+      }
+      if (scaled_a)
+        for (int64_t kp = 0; kp < kp_count; ++kp)
+          for (int64_t i = 0; i < 16; ++i)
+            sx[(s * kp_count + kp) * 16 + i] =
+                i < seg.rows ? a.scale[(seg.row + i) * a.scale_ld + (kp * promo) / a.gran_k] : 0.0f;
+    }
+    tile_config();
+    std::unique_ptr<uint16_t[], void (*)(void*)> panel(
+        static_cast<uint16_t*>(std::aligned_alloc(64, 4 * kc_steps * TILE * 2)), std::free);
+    std::vector<float> acc(64 * 16), sw(scaled_b ? static_cast<size_t>(kp_count * 64) : 0);
+    alignas(64) float buf[4 * 256];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t s = t / nchunks, n0 = (t % nchunks) * 64;
+      const Seg& seg = segs[s];
+      if (seg.rows == 0) continue;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      if (scaled_b) {
+        const float* sg = b.scale + seg.group * b.group_scale;
+        for (int64_t kp = 0; kp < kp_count; ++kp)
+          for (int64_t n = 0; n < 64; ++n)
+            sw[kp * 64 + n] = n0 + n < N ? sg[((n0 + n) / b.gran_mn) * b.scale_ld + (kp * promo) / b.gran_k] : 0.0f;
+      }
+      BSource src{b.data + seg.group * b.group_bytes, b.kind, b.row_bytes, N, K,
+                  fold_b ? b.scale + seg.group * b.group_scale : nullptr, b.scale_ld, b.gran_k};
+      for (int64_t kc0 = 0; kc0 < ksteps; kc0 += kc_steps) {
+        const int64_t kc1 = std::min(ksteps, kc0 + kc_steps);
+        convert_w_rows(src, n0, kc0, kc1, panel.get());
+        block_t(panel.get(), kc1 - kc0, xpk.get() + (s * ksteps + kc0) * TILE, spp, kc0 / spp, buf, acc.data(),
+                scaled_b ? sw.data() : nullptr, 64, scaled_a ? sx.data() + s * kp_count * 16 : nullptr, 16);
+      }
+      for (int64_t i = 0; i < seg.rows; ++i)
+        for (int64_t n = n0; n < std::min(N, n0 + 64); ++n) write_out(o, seg.row + i, n, acc[(n - n0) * 16 + i]);
+    }
+    tile_release();
+  }
+}
+
+#endif  // x86-64 with AVX-512
+
+}  // namespace
+
+// ---- C ABI -----------------------------------------------------------------------------------------
+
+// D[rows of each segment] = C + A·B[group]ᵀ with the fma engine. Shapes: A rows of K elements
+// (a_row_bytes apart), sfa [rows, ceil(K/a_gran_k)] (a_scale_ld apart) or null; B [G, N, K]
+// (b_group_bytes / b_row_bytes apart), sfb [G, ceil(N/b_gran_n), ceil(K/b_gran_k)] or null;
+// D and C [rows, N] (ld N). segs: int64 [nsegs, 3] = (first row, rows, group).
+PK_EXPORT void pk_gemm_fma(const void* a, int a_kind, const float* sfa, int64_t a_gran_k, int64_t a_row_bytes,
+                           int64_t a_scale_ld, const void* b, int b_kind, const float* sfb, int64_t b_gran_n,
+                           int64_t b_gran_k, int64_t b_row_bytes, int64_t b_scale_ld, int64_t b_group_bytes,
+                           int64_t b_group_scale, void* d, int d_bf16, const void* c, int c_bf16,
+                           const int64_t* segs, int64_t nsegs, int64_t N, int64_t K, int nthreads) {
+  Operand A{static_cast<const uint8_t*>(a), a_kind, sfa, 1, a_gran_k, a_row_bytes, a_scale_ld, 0, 0};
+  Operand B{static_cast<const uint8_t*>(b), b_kind, sfb, b_gran_n, b_gran_k, b_row_bytes, b_scale_ld,
+            b_group_bytes, b_group_scale};
+  Output O{d, d_bf16, c, c_bf16, N};
+  fma_engine(A, B, O, reinterpret_cast<const Seg*>(segs), nsegs, N, K, pk::thread_count(nthreads));
+}
+
+PK_EXPORT int pk_gemm_vector_length() { return VL; }
+
+// 1 when the amx engine can run here (AMX-BF16 present and the kernel granted tile state).
+PK_EXPORT int pk_amx_available() {
+#ifdef PK_HAVE_AMX_CODE
+  return amx_permitted() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+// D[rows of each segment] = C + A·B[group]ᵀ with the amx engine: arguments as pk_gemm_fma, plus
+// Returns 0, or -1 when this build or CPU has no AMX (nothing was run).
+// promo (K elements per promotion: a multiple of 32 dividing the scaled operands' K granularities)
+// and fold_b (e2m1 B with power-of-two scales: they are folded into the values, not promoted).
+PK_EXPORT int pk_gemm_amx(const void* a, int a_kind, const float* sfa, int64_t a_gran_k, int64_t a_row_bytes,
+                           int64_t a_scale_ld, const void* b, int b_kind, const float* sfb, int64_t b_gran_n,
+                           int64_t b_gran_k, int64_t b_row_bytes, int64_t b_scale_ld, int64_t b_group_bytes,
+                           int64_t b_group_scale, void* d, int d_bf16, const void* c, int c_bf16,
+                           const int64_t* segs, int64_t nsegs, int64_t N, int64_t K, int64_t promo, int fold_b,
+                           int nthreads) {
+#ifdef PK_HAVE_AMX_CODE
+  if (!amx_permitted()) return -1;  // never execute a tile instruction without the kernel's permission
+  Operand A{static_cast<const uint8_t*>(a), a_kind, sfa, 1, a_gran_k, a_row_bytes, a_scale_ld, 0, 0};
+  Operand B{static_cast<const uint8_t*>(b), b_kind, sfb, b_gran_n, b_gran_k, b_row_bytes, b_scale_ld,
+            b_group_bytes, b_group_scale};
+  Output O{d, d_bf16, c, c_bf16, N};
+  const Seg* sg = reinterpret_cast<const Seg*>(segs);
+  int64_t most = 0;
+  for (int64_t s = 0; s < nsegs; ++s) most = std::max(most, sg[s].rows);
+  if (most <= 16)
+    amx_small_engine(A, B, O, sg, nsegs, N, K, promo, fold_b != 0, pk::thread_count(nthreads));
+  else
+    amx_engine(A, B, O, sg, nsegs, N, K, promo, fold_b != 0, pk::thread_count(nthreads));
+  return 0;
+#else
+  return -1;
+#endif
+}

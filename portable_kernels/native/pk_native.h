@@ -1,0 +1,166 @@
+// pk_native.h — scalar and SIMD helpers shared by every host C++ source of portable_kernels.
+//
+// Rule: conversions here are bit-exact with torch's CPU conversions (c10's scalar rules), so a
+// native kernel that dequantizes or quantizes produces the same numbers as the contracts'
+// references. SIMD paths exist for AVX-512 and AVX2 (selected by the -march of the build); every
+// function also has a portable scalar form, which is what NEON and generic builds compile.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define PK_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace pk {
+
+constexpr float kFp8Max = 448.0f;
+constexpr float kFp4Max = 6.0f;
+constexpr float kAmaxFloor = 1e-4f;
+
+inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+
+// ---- bf16 -------------------------------------------------------------------------------------
+
+inline float bf16_to_f32(uint16_t h) { return bits_f32(uint32_t(h) << 16); }
+
+// Round to nearest even, NaN -> 0x7FC0 (c10::BFloat16's rule).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = f32_bits(f);
+  if (std::isnan(f)) return 0x7FC0;
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// ---- fp8 e4m3fn ------------------------------------------------------------------------------
+
+// Exact value of an e4m3fn byte. 0x7F / 0xFF are NaN.
+inline float fp8_to_f32(uint8_t b) {
+  uint32_t sign = uint32_t(b & 0x80) << 24;
+  uint32_t e = (b >> 3) & 0xF, m = b & 7;
+  if (e == 0xF && m == 7) return bits_f32(sign | 0x7FC00000u);
+  float v = e == 0 ? float(m) * 0.001953125f /* 2^-9 */ : bits_f32(((e + 120) << 23) | (m << 20));
+  return sign ? -v : v;
+}
+
+// c10's fp8e4m3fn_from_fp32_value: round to nearest even; |f| >= 480 gives NaN, so callers clamp
+// to +-448 first (the quantizers' contract).
+inline uint8_t f32_to_fp8(float f) {
+  uint32_t bits = f32_bits(f);
+  const uint32_t sign = bits & 0x80000000u;
+  bits ^= sign;
+  uint8_t r;
+  if (bits >= (1087u << 20)) {
+    r = 0x7F;
+  } else if (bits < (121u << 23)) {
+    const uint32_t denorm = 141u << 23;
+    r = uint8_t(f32_bits(bits_f32(bits) + bits_f32(denorm)) - denorm);
+  } else {
+    uint32_t odd = (bits >> 20) & 1u;
+    bits += (uint32_t(7 - 127) << 23) + 0x7FFFFu + odd;
+    r = uint8_t(bits >> 20);
+  }
+  return uint8_t(r | (sign >> 24));
+}
+
+// bf16 bits of an e4m3fn byte's value (exact: e4m3 fits in bf16). NaN codes give a bf16 NaN.
+inline uint16_t fp8_to_bf16_bits(uint8_t b) { return uint16_t(f32_bits(fp8_to_f32(b)) >> 16); }
+
+// ---- fp4 e2m1 ----------------------------------------------------------------------------------
+
+constexpr float kE2m1Values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// E2M1 code of a finite float: nearest, ties to the even code, |x| > 6 saturates (layouts.fp4).
+inline uint8_t f32_to_e2m1(float x) {
+  uint8_t sign = std::signbit(x) ? 8 : 0;
+  float mag = std::min(std::fabs(x), kFp4Max);
+  uint8_t idx;
+  if (mag < 1.0f) {
+    // 2|x| rounded half-to-even: 0 -> 0, 0.5 -> idx 1, 1.0 -> idx 2
+    float t = mag * 2.0f + 8388608.0f;
+    idx = uint8_t(f32_bits(t) - 0x4B000000u);
+  } else {
+    uint32_t bits = f32_bits(mag);
+    uint32_t i = (bits >> 22) & 1u;
+    i += bits + 0x1FFFFFu;
+    idx = uint8_t((i >> 22) - 252);
+  }
+  return uint8_t(idx | sign);
+}
+
+// ---- UE8M0 ---------------------------------------------------------------------------------------
+
+// ceil_to_ue8m0 of a positive finite scale: biased exponent (+1 if mantissa != 0), clamped [1, 254].
+inline float ceil_to_ue8m0(float s) {
+  uint32_t u = f32_bits(s) & 0x7FFFFFFFu;
+  int32_t e = int32_t(u >> 23) + ((u & 0x7FFFFFu) != 0 ? 1 : 0);
+  e = std::min(254, std::max(1, e));
+  return bits_f32(uint32_t(e) << 23);
+}
+
+inline bool is_pow2_scale(float s) { return (f32_bits(s) & 0x807FFFFFu) == 0 && s != 0.0f; }
+
+// ---- threads -------------------------------------------------------------------------------------
+
+inline int thread_count(int requested) { return requested < 1 ? 1 : requested; }
+
+// ---- SIMD ---------------------------------------------------------------------------------------
+
+#if defined(__AVX512F__)
+// 16 e4m3 bytes -> 16 floats times 2^-8 (fp16 trick: the e4m3 bits shifted into an fp16 are the
+// same value scaled by 2^-8, subnormals included; the hardware fp16 conversion is exact).
+inline __m512 fp8x16_to_f32_scaled(__m128i bytes) {
+  __m256i w = _mm256_cvtepu8_epi16(bytes);
+  __m256i mag = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7);
+  __m256i sgn = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8);
+  return _mm512_cvtph_ps(_mm256_or_si256(mag, sgn));
+}
+inline __m512 fp8x16_to_f32(__m128i bytes) {
+  return _mm512_mul_ps(fp8x16_to_f32_scaled(bytes), _mm512_set1_ps(256.0f));
+}
+inline __m512 bf16x16_to_f32(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// Round to nearest even like f32_to_bf16 (NaN -> 0x7FC0); vcvtneps2bf16 would flush denormals.
+inline __m256i f32x16_to_bf16(__m512 v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(r);
+}
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+#endif
+
+#if defined(__AVX2__)
+inline __m256 fp8x8_to_f32_scaled(__m128i bytes8) {
+  __m128i w = _mm_cvtepu8_epi16(bytes8);
+  __m128i mag = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7);
+  __m128i sgn = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+  return _mm256_cvtph_ps(_mm_or_si128(mag, sgn));
+}
+inline __m256 bf16x8_to_f32(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+}  // namespace pk
