@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_bool, check_int
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, QuantArg, Tolerance, checks_values, public_op, quant_operand, register_contract
 from .dispatch import run
 from .errors import ContractError, format_problem
@@ -182,6 +183,8 @@ def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: 
     prepare_for / arg: as in per_token_cast_to_fp8; the default consumer argument is "b", the FP4
     weight of fp8_fp4_gemm_nt.
     """
+    if is_compiling():
+        return compiled_call("per_token_cast_to_fp4", x, gran_k, use_ue8m0, prepare_for=prepare_for, arg=arg)
     op = PER_TOKEN_CAST_FP4.name
     check_float_input(op, x, 2, 3)
     if x.shape[-1] % 2:
@@ -265,6 +268,8 @@ def fp8_fp4_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = No
     recipe: must stay None unless both operands share one gran_k; recipe_a / recipe_b: None or the
        operand's (1, gran_k), asserted (DeepGEMM's mixed-precision recipes)
     """
+    if is_compiling():
+        return compiled_call("fp8_fp4_gemm_nt", a, b, d, c, recipe, recipe_a, recipe_b)
     op = FP8_FP4_GEMM_NT.name
     qa = quant_operand(FP8_FP4_GEMM_NT, "a", a)
     qb = _fp4_operand(FP8_FP4_GEMM_NT, "b", b)
@@ -384,6 +389,10 @@ def swiglu_forward_and_per_token_cast(
     use_tma_aligned_col_major_sf / use_packed_ue8m0: must stay False — scale bytes are the backend's
        business: pass prepare_for=<op> (and arg, default "a") to get them already in that op's layout
     """
+    if is_compiling():
+        return compiled_call("swiglu_forward_and_per_token_cast", x, fmt, num_per_channels, pos_to_token_topk,
+                             topk_weights, pos_to_expert, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                             swiglu_clamp_value, clamped_count, prepare_for=prepare_for, arg=arg)
     op = SWIGLU_CAST.name
     _check_swiglu_args(op, x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
                        use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value, clamped_count)

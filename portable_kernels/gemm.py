@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import torch
 
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, QuantArg, Tolerance, public_op, quant_operand, register_contract
 from .dispatch import run
 from .errors import ContractError, format_problem
@@ -145,6 +146,8 @@ def fp8_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, 
     d: bf16 or fp32 [M, N], row-major; c: None or fp32 [M, N]
     recipe: None (use the operands' granularity) or (gran_m, gran_n, gran_k) to assert it
     """
+    if is_compiling():
+        return compiled_call("fp8_gemm_nt", a, b, d, c, recipe)
     op = FP8_GEMM_NT.name
     qa, qb = quant_operand(FP8_GEMM_NT, "a", a), quant_operand(FP8_GEMM_NT, "b", b)
     _check_fp8_operands(op, qa, qb, recipe)
@@ -158,6 +161,8 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
 
     a: bf16 [M, K]; b: bf16 [N, K]; d: bf16 or fp32 [M, N]; c: None or fp32 [M, N]
     """
+    if is_compiling():
+        return compiled_call("bf16_gemm_nt", a, b, d, c)
     op = BF16_GEMM_NT.name
     for arg, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 2:

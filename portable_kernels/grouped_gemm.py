@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from .checks import check_bool
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, QuantArg, Tolerance, checks_values, public_op, quant_operand, register_contract
 from .dispatch import run, selection_for
 from .errors import BackendUnavailableError, ContractError, format_problem
@@ -382,6 +383,9 @@ def m_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indices:
     recipe: None or (1, 128, 128) to assert the operands' granularity
     expected_m_for_psum_layout: optional host-side hint (rows per group) for the psum form
     """
+    if is_compiling():
+        return compiled_call("m_grouped_fp8_gemm_nt_contiguous", a, b, d, m_indices, recipe,
+                             use_psum_layout=use_psum_layout, expected_m_for_psum_layout=expected_m_for_psum_layout)
     op = M_GROUPED_FP8_CONTIGUOUS.name
     qa = quant_operand(M_GROUPED_FP8_CONTIGUOUS, "a", a)
     qb = quant_operand(M_GROUPED_FP8_CONTIGUOUS, "b", b)
@@ -407,6 +411,8 @@ def m_grouped_fp8_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: torc
     expected_m: host-side hint, a positive int (rows per group the caller expects); no effect on results
     recipe: None or (1, 128, 128) to assert the operands' granularity
     """
+    if is_compiling():
+        return compiled_call("m_grouped_fp8_gemm_nt_masked", a, b, d, masked_m, expected_m, recipe)
     op = M_GROUPED_FP8_MASKED.name
     qa = quant_operand(M_GROUPED_FP8_MASKED, "a", a)
     qb = quant_operand(M_GROUPED_FP8_MASKED, "b", b)
@@ -430,6 +436,9 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     a: bf16 [M, K]; b: bf16 [G, N, K]; d: bf16 or fp32 [M, N] (padding rows untouched);
     m_indices / use_psum_layout / expected_m_for_psum_layout as in m_grouped_fp8_gemm_nt_contiguous
     """
+    if is_compiling():
+        return compiled_call("m_grouped_bf16_gemm_nt_contiguous", a, b, d, m_indices, use_psum_layout=use_psum_layout,
+                             expected_m_for_psum_layout=expected_m_for_psum_layout)
     op = M_GROUPED_BF16_CONTIGUOUS.name
     _check_bf16_operands(op, a, b, masked=False)
     (m, _), (g, n, _) = a.shape, b.shape
@@ -449,6 +458,8 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     a: bf16 [G, max_m, K]; b: bf16 [G, N, K]; d: bf16 or fp32 [G, max_m, N] (rows >= masked_m[g]
     untouched); masked_m: int32 [G] in [0, max_m]; expected_m: positive int host-side hint
     """
+    if is_compiling():
+        return compiled_call("m_grouped_bf16_gemm_nt_masked", a, b, d, masked_m, expected_m)
     op = M_GROUPED_BF16_MASKED.name
     _check_bf16_operands(op, a, b, masked=True)
     (g, max_m, _), n = a.shape, b.shape[1]

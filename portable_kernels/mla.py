@@ -21,6 +21,7 @@ import attrs
 import torch
 
 from .checks import check_bool, check_device, check_int, check_tensor, is_int
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, Tolerance, checks_values, public_op, register_contract
 from .dispatch import plan_for, run_plan
 from .errors import ContractError, format_problem
@@ -412,6 +413,9 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
     topk: indices.shape[-1] for sparse decode, None for dense.
     Returns (tile_scheduler_metadata: MlaMetadata, num_splits: opaque tensor or None); pass both on.
     """
+    if is_compiling():
+        return compiled_call("get_mla_metadata", cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q,
+                             is_fp8_kvcache, topk)
     op = GET_MLA_METADATA.name
     _check_cache_seqlens(op, cache_seqlens, None)
     check_int(op, "num_q_tokens_per_head_k", num_q_tokens_per_head_k, 1, fix="pass s_q * h_q // h_kv")
@@ -467,6 +471,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     On CPU tensors the data-dependent checks (lengths, used block_table entries, indices range) run
     before the kernel; on accelerators they would need a device sync and are left to the kernel.
     """
+    if is_compiling():
+        return compiled_call("flash_mla_with_kvcache", q, k_cache, block_table, cache_seqlens, head_dim_v,
+                             tile_scheduler_metadata, num_splits, softmax_scale, causal, is_fp8_kvcache, indices,
+                             out=out, lse=lse)
     op = FLASH_MLA_WITH_KVCACHE.name
     if not isinstance(q, torch.Tensor) or q.dtype != Q_DTYPE or q.dim() != 4 or q.shape[3] not in QK_HEAD_DIMS:
         raise ContractError(format_problem(op, "q", describe(q),

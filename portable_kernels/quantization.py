@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_bool, check_int
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, QuantArg, Tolerance, get_contract, public_op, quant_operand, register_contract
 from .dispatch import plan_for, run_plan
 from .errors import ContractError, format_problem
@@ -208,6 +209,8 @@ def per_token_cast_to_fp8(x: torch.Tensor, gran_k: int = 128, use_ue8m0: bool = 
     result is then a PreparedTensor already in the selected backend's bytes for that argument, so
     the op converts nothing.
     """
+    if is_compiling():
+        return compiled_call("per_token_cast_to_fp8", x, gran_k, use_ue8m0, prepare_for=prepare_for, arg=arg)
     check_float_input(PER_TOKEN_CAST.name, x, 2, 3)
     check_int(PER_TOKEN_CAST.name, "gran_k", gran_k, 1, fix="pass e.g. 128")
     return _cast(PER_TOKEN_CAST, x, (1, gran_k), use_ue8m0, prepare_for, arg)
@@ -220,6 +223,8 @@ def per_block_cast_to_fp8(x: torch.Tensor, block: tuple[int, int] = (128, 128), 
     """Quantize weights per block: x bf16/fp16/fp32 [(G,) N, K] -> QuantTensor(fp8 [(G,) N, K],
     fp32 [(G,) ceil(N/block[0]), ceil(K/block[1])]), granularity `block`. `prepare_for` as in
     per_token_cast_to_fp8 (default argument "b")."""
+    if is_compiling():
+        return compiled_call("per_block_cast_to_fp8", x, block, use_ue8m0, prepare_for=prepare_for, arg=arg)
     check_float_input(PER_BLOCK_CAST.name, x, 2, 3)
     if not (isinstance(block, (tuple, list)) and len(block) == 2):
         raise ContractError(format_problem(PER_BLOCK_CAST.name, "block", repr(block), "a pair (gran_n, gran_k)",

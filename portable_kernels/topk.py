@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from .checks import check_bool
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, Tolerance, checks_values, public_op, register_contract
 from .dispatch import run
 from .errors import ContractError, format_problem
@@ -191,6 +192,10 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: None = Non
     Returns (values: input.dtype [b, topk] | None, indices: indices_type [b, topk]); a NaN in a valid
     range raises ContractError (found in the provider's pass over the data, see reject_nan).
     """
+    if is_compiling():
+        return compiled_call("topk", input, topk, sorted, begin, end, indices_type, sorted_index,
+                             idx_oob_fill_value=idx_oob_fill_value, value_oob_fill_value=value_oob_fill_value,
+                             return_value=return_value)
     op = TOPK.name
     _check_input(op, input)
     b, n = input.shape

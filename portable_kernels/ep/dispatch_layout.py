@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from ..compiled import compiled_call, is_compiling
 from ..contract import OpContract, Tolerance, public_op, register_contract
 from ..dispatch import run
 from ..providers import Inputs
@@ -62,6 +63,8 @@ def get_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int
     int32 [E], is_token_in_rank bool [T, R]) — DeepEP's tuple without the trailing event; the RDMA
     split is None as in DeepEP's intranode setting (a deployment detail, not part of the contract).
     """
+    if is_compiling():
+        return compiled_call("get_dispatch_layout", topk_idx, num_experts, num_ranks)
     op = GET_DISPATCH_LAYOUT.name
     _check_positive_int(op, "num_ranks", num_ranks)
     _check_num_experts(op, num_experts, num_ranks)

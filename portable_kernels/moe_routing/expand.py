@@ -9,6 +9,7 @@ import attrs
 import torch
 
 from ..checks import check_bool, check_int, check_tensor
+from ..compiled import compiled_call, is_compiling
 from ..contract import OpContract, Tolerance, public_op, register_contract
 from ..dispatch import run
 from ..errors import ContractError, format_problem
@@ -117,6 +118,8 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor | FusedMapp
     then pos_to_expert is taken from it); pos_to_expert: int32 [P]. Returns [P, H] of x's dtype with
     padding rows (pos_to_expert < 0) zero.
     """
+    if is_compiling():
+        return compiled_call("expand_to_fused", x, token_topk_to_pos, pos_to_expert)
     op = EXPAND_TO_FUSED.name
     ttp, pte = _unpack_mapping(op, token_topk_to_pos, pos_to_expert, need_pos_to_expert=True)
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.element_size() not in _SAME_WIDTH_INT:
@@ -144,6 +147,9 @@ def expand_to_fused_with_sf(x: Any, num_per_channels: int, token_topk_to_pos: to
     Returns a QuantTensor(fp8 [P, H], fp32 [P, S]) that unpacks as (out, out_sf), or for packed
     int32 scales the tuple (out, int32 out_sf); padding rows are 0.
     """
+    if is_compiling():
+        return compiled_call("expand_to_fused_with_sf", x, num_per_channels, token_topk_to_pos, pos_to_expert,
+                             use_tma_aligned_col_major_sf)
     op = EXPAND_TO_FUSED_WITH_SF.name
     ttp, pte = _unpack_mapping(op, token_topk_to_pos, pos_to_expert, need_pos_to_expert=True)
     check_int(op, "num_per_channels", num_per_channels, 1, fix="pass the scale block size, e.g. 128")

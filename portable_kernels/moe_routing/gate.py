@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_bool, check_finite, check_int, check_tensor
+from ..compiled import compiled_call, is_compiling
 from ..contract import OpContract, Tolerance, public_op, register_contract
 from ..dispatch import run
 from ..errors import ContractError, format_problem
@@ -173,6 +174,10 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor | None, num_topk: int
         experts on num_ep_ranks ranks); the weights are unchanged
     Returns (topk_idx int64 [T, num_topk + S], best first; topk_weights fp32 [T, num_topk + S]).
     """
+    if is_compiling():
+        return compiled_call("top2_sum_gate", logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
+                             num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
+                             scoring_func, mask, normalize=normalize)
     op = TOP2_SUM_GATE.name
     _check_gate_args(op, logits, bias, num_topk, num_topk_groups, num_groups, routed_scaling_factor, scoring_func,
                      mask, normalize)
@@ -243,6 +248,8 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     topk_weights: fp32 [T, k]. Returns (denominator fp32 [T] = Σ + 1e-20, normalized fp32 [T, k]).
     NaN/Inf are not checked: they propagate into their token's row.
     """
+    if is_compiling():
+        return compiled_call("normalize_weight", topk_weights)
     op = NORMALIZE_WEIGHT.name
     check_tensor(op, "topk_weights", topk_weights, (torch.float32,), (None, None), None,
                   "pass fp32 [num_tokens, num_topk] weights")

@@ -9,6 +9,7 @@ import attrs
 import torch
 
 from ..checks import check_allocation, check_bool, check_int, check_tensor, first_bad
+from ..compiled import compiled_call, is_compiling
 from ..contract import OpContract, Tolerance, checks_values, public_op, register_contract
 from ..dispatch import run, selection_for
 from ..errors import ContractError, format_problem
@@ -163,6 +164,8 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
         (128 on NVIDIA, 256 on Ascend)
     Returns a FusedMapping (unpacks as TileKernels' 8-tuple; see its docstring).
     """
+    if is_compiling():
+        return compiled_call("get_fused_mapping", topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
     op = GET_FUSED_MAPPING.name
     check_tensor(op, "topk_idx", topk_idx, INDEX_DTYPES, (None, None), None,
                   "pass expert ids as int64 [num_tokens, num_topk] (-1 for padding)")

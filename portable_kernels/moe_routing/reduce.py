@@ -9,6 +9,7 @@ import attrs
 import torch
 
 from ..checks import check_tensor
+from ..compiled import compiled_call, is_compiling
 from ..contract import OpContract, Tolerance, public_op, register_contract
 from ..dispatch import run
 from ..errors import ContractError, format_problem
@@ -96,6 +97,8 @@ def reduce_fused(x: Any, topk_weights: torch.Tensor | None, token_topk_to_pos: t
     out: None or a contiguous [T, H] tensor of the output dtype to write into
     Accumulates in fp32; returns the output [T, H].
     """
+    if is_compiling():
+        return compiled_call("reduce_fused", x, topk_weights, token_topk_to_pos, fp8_format, sf, out)
     op = REDUCE_FUSED.name
     ttp, _ = _unpack_mapping(op, token_topk_to_pos, None, need_pos_to_expert=False)
     x_sf = None

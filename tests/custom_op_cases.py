@@ -1,0 +1,311 @@
+"""Inputs for the custom-op tests: per public op, calls on conformance-like shapes (the quick
+conformance shapes, scaled down where opcheck's several passes would be slow).
+
+Each case is a function of the seed that returns the public call's (args, kwargs); it is built
+inside the backend's `use_backend` block, so prepared operands come in that backend's bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import torch
+
+import portable_kernels as pk
+from portable_kernels.layouts import contiguous_m_indices, psum_layout
+from portable_kernels.testing.generators import poison, randn
+from portable_kernels.testing.mla_cases import QUICK_SHAPES as MLA_SHAPES
+from portable_kernels.testing.mla_cases import build_paged_cache, random_indices, random_kv
+
+Call = tuple[tuple, dict]
+
+#: backend name, use_backend options; nvidia runs in emulation on CPU tensors
+BACKENDS = {"cpu": ("cpu", {}), "nvidia-sm90": ("nvidia", {"arch": "sm90"}),
+            "nvidia-sm100": ("nvidia", {"arch": "sm100"}), "ascend-950": ("ascend", {"soc": "950"}),
+            "ascend-910b": ("ascend", {"soc": "910b"})}
+
+
+@attrs.frozen
+class OpCase:
+    op: str
+    label: str
+    build: Callable[[int], Call]
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}[{self.label}]"
+
+
+CASES: list[OpCase] = []
+
+
+def case(op: str, label: str) -> Callable[[Callable[[int], Call]], Callable[[int], Call]]:
+    def add(build: Callable[[int], Call]) -> Callable[[int], Call]:
+        CASES.append(OpCase(op, label, build))
+        return build
+    return add
+
+
+def _prepared(op: str, **operands: Any) -> dict[str, Any]:
+    return pk.prepare_inputs(op, **operands)
+
+
+# -- GEMMs --------------------------------------------------------------------------------------
+
+def _fp8_gemm(m: int, n: int, k: int, form: str, out_dtype: torch.dtype, with_c: bool) -> Callable[[int], Call]:
+    def build(seed: int) -> Call:
+        x = randn(m, k, seed=seed, dtype=torch.bfloat16)
+        w = randn(n, k, seed=seed + 1, dtype=torch.bfloat16, scale=k ** -0.5)
+        a, b = pk.per_token_cast_to_fp8(x, use_ue8m0=True), pk.per_block_cast_to_fp8(w, use_ue8m0=True)
+        if form == "prepared":
+            a, b = _prepared("fp8_gemm_nt", a=a, b=b).values()
+        elif form == "raw":
+            a, b = tuple(a), tuple(b)
+        c = randn(m, n, seed=seed + 2) if with_c else None
+        return (a, b, poison(m, n, dtype=out_dtype), c), {}
+    return build
+
+
+for _m, _n, _k in ((1, 128, 128), (3, 130, 300), (17, 1, 7)):
+    case("fp8_gemm_nt", f"prepared {_m}x{_n}x{_k}")(_fp8_gemm(_m, _n, _k, "prepared", torch.bfloat16, False))
+case("fp8_gemm_nt", "QuantTensor, fp32 d, c")(_fp8_gemm(3, 130, 300, "quant", torch.float32, True))
+case("fp8_gemm_nt", "raw tuples")(_fp8_gemm(4, 64, 256, "raw", torch.bfloat16, False))
+
+
+@case("bf16_gemm_nt", "3x130x300 c")
+def _bf16_gemm(seed: int) -> Call:
+    a, b = randn(3, 300, seed=seed, dtype=torch.bfloat16), randn(130, 300, seed=seed + 1, dtype=torch.bfloat16)
+    return (a, b, poison(3, 130, dtype=torch.float32), randn(3, 130, seed=seed + 2)), {}
+
+
+@case("fp8_fp4_gemm_nt", "prepared 7x130x320")
+def _fp8_fp4_gemm(seed: int) -> Call:
+    x, w = randn(7, 320, seed=seed, dtype=torch.bfloat16), randn(130, 320, seed=seed + 1, dtype=torch.bfloat16)
+    a = pk.per_token_cast_to_fp8(x, use_ue8m0=True)
+    b = pk.per_token_cast_to_fp4(w, gran_k=32, use_ue8m0=True)
+    p = _prepared("fp8_fp4_gemm_nt", a=a, b=b)
+    return (p["a"], p["b"], poison(7, 130, dtype=torch.bfloat16)), {}
+
+
+def _counts(groups: int, alignment: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 2 * alignment, (groups,), generator=torch.Generator().manual_seed(seed))
+
+
+def _grouped(fp8: bool, psum: bool) -> Callable[[int], Call]:
+    def build(seed: int) -> Call:
+        groups, n, k = 3, 64, 256
+        alignment = pk.get_m_alignment_for_contiguous_layout()
+        counts = _counts(groups, alignment, seed)
+        m_indices = contiguous_m_indices(counts, alignment)
+        m = m_indices.numel()
+        x = randn(m, k, seed=seed, dtype=torch.bfloat16) * (m_indices >= 0)[:, None]
+        w = randn(groups, n, k, seed=seed + 1, dtype=torch.bfloat16, scale=k ** -0.5)
+        layout = psum_layout(counts, alignment) if psum else m_indices
+        kwargs = {"use_psum_layout": psum}
+        d = poison(m, n, dtype=torch.bfloat16)
+        if not fp8:
+            return (x, w, d, layout), kwargs
+        p = _prepared("m_grouped_fp8_gemm_nt_contiguous", a=pk.per_token_cast_to_fp8(x, use_ue8m0=True),
+                      b=pk.per_block_cast_to_fp8(w, use_ue8m0=True))
+        return (p["a"], p["b"], d, layout), kwargs
+    return build
+
+
+def _masked(fp8: bool) -> Callable[[int], Call]:
+    def build(seed: int) -> Call:
+        groups, max_m, n, k = 3, 40, 64, 256
+        x = randn(groups, max_m, k, seed=seed, dtype=torch.bfloat16)
+        w = randn(groups, n, k, seed=seed + 1, dtype=torch.bfloat16, scale=k ** -0.5)
+        masked_m = torch.tensor([3, 0, 40], dtype=torch.int32)
+        d = poison(groups, max_m, n, dtype=torch.bfloat16)
+        if not fp8:
+            return (x, w, d, masked_m, 16), {}
+        p = _prepared("m_grouped_fp8_gemm_nt_masked", a=pk.per_token_cast_to_fp8(x, use_ue8m0=True),
+                      b=pk.per_block_cast_to_fp8(w, use_ue8m0=True))
+        return (p["a"], p["b"], d, masked_m, 16), {}
+    return build
+
+
+case("m_grouped_fp8_gemm_nt_contiguous", "m_indices")(_grouped(True, False))
+case("m_grouped_fp8_gemm_nt_contiguous", "psum")(_grouped(True, True))
+case("m_grouped_bf16_gemm_nt_contiguous", "m_indices")(_grouped(False, False))
+case("m_grouped_bf16_gemm_nt_contiguous", "psum")(_grouped(False, True))
+case("m_grouped_fp8_gemm_nt_masked", "3x40x64x256")(_masked(True))
+case("m_grouped_bf16_gemm_nt_masked", "3x40x64x256")(_masked(False))
+
+
+# -- quantizers -----------------------------------------------------------------------------------
+
+def _cast(op: str, shape: tuple[int, ...], consumer: str | None, **kwargs: Any) -> Callable[[int], Call]:
+    def build(seed: int) -> Call:
+        x = randn(*shape, seed=seed, dtype=torch.bfloat16)
+        extra = dict(kwargs)
+        if consumer is not None:
+            extra["prepare_for"] = consumer
+        return (x,), extra
+    return build
+
+
+case("per_token_cast_to_fp8", "3x300")(_cast("per_token_cast_to_fp8", (3, 300), None))
+case("per_token_cast_to_fp8", "2x5x256 ue8m0")(_cast("per_token_cast_to_fp8", (2, 5, 256), None, use_ue8m0=True))
+case("per_token_cast_to_fp8", "3x300 for fp8_gemm_nt")(
+    _cast("per_token_cast_to_fp8", (3, 300), "fp8_gemm_nt", use_ue8m0=True))
+case("per_token_cast_to_fp8", "2x5x256 for masked")(
+    _cast("per_token_cast_to_fp8", (2, 5, 256), "m_grouped_fp8_gemm_nt_masked", use_ue8m0=True))
+case("per_block_cast_to_fp8", "130x300")(_cast("per_block_cast_to_fp8", (130, 300), None))
+case("per_block_cast_to_fp8", "2x130x256 for contiguous b")(
+    _cast("per_block_cast_to_fp8", (2, 130, 256), "m_grouped_fp8_gemm_nt_contiguous", use_ue8m0=True))
+case("per_token_cast_to_fp4", "3x300")(_cast("per_token_cast_to_fp4", (3, 300), None))
+case("per_token_cast_to_fp4", "64x256 for fp8_fp4_gemm_nt b")(
+    _cast("per_token_cast_to_fp4", (64, 256), "fp8_fp4_gemm_nt", gran_k=32))
+
+
+@case("swiglu_forward_and_per_token_cast", "16x256")
+def _swiglu_plain(seed: int) -> Call:
+    return (randn(16, 256, seed=seed, dtype=torch.bfloat16),), {}
+
+
+@case("swiglu_forward_and_per_token_cast", "33x128 weighted, padded, clamped, for fp8_gemm_nt")
+def _swiglu_mapped(seed: int) -> Call:
+    rows, tokens, k = 33, 12, 3
+    pos_to_token_topk = torch.randint(-1, tokens * k, (rows,), generator=torch.Generator().manual_seed(seed),
+                                      dtype=torch.int32)
+    weights = torch.rand(tokens, k, generator=torch.Generator().manual_seed(seed + 1))
+    pos_to_expert = torch.where(pos_to_token_topk >= 0, 0, -1).to(torch.int32)
+    x = randn(rows, 128, seed=seed + 2, dtype=torch.bfloat16)
+    kwargs = {"pos_to_token_topk": pos_to_token_topk, "topk_weights": weights, "pos_to_expert": pos_to_expert,
+              "round_sf": True, "swiglu_clamp_value": 0.5, "clamped_count": torch.zeros(3, dtype=torch.int64),
+              "prepare_for": "fp8_gemm_nt"}
+    return (x,), kwargs
+
+
+# -- top-k and routing --------------------------------------------------------------------------
+
+@case("topk", "4x1000 k=8 sorted")
+def _topk_sorted(seed: int) -> Call:
+    return (randn(4, 1000, seed=seed), 8), {"sorted": True}
+
+
+@case("topk", "3x300 k=32 end, int32, no values")
+def _topk_end(seed: int) -> Call:
+    end = torch.tensor([300, 5, 0], dtype=torch.int32)
+    return (randn(3, 300, seed=seed, dtype=torch.bfloat16), 32), {"end": end, "indices_type": torch.int32,
+                                                                  "return_value": False}
+
+
+@case("top2_sum_gate", "7 tokens, 32 experts in 8 groups, top 6 of 4 groups")
+def _gate(seed: int) -> Call:
+    logits, bias = randn(7, 32, seed=seed), randn(32, seed=seed + 1, scale=0.1)
+    mask = torch.tensor([True, True, False, True, True, True, False])
+    return (logits, bias, 6, 4, 8), {"routed_scaling_factor": 2.5, "mask": mask}
+
+
+@case("top2_sum_gate", "16 tokens, 8 experts in 4 groups, top 2 of 2 groups, no mask")
+def _gate_unmasked(seed: int) -> Call:
+    return (randn(16, 8, seed=seed), randn(8, seed=seed + 1, scale=0.1), 2, 2, 4), {}
+
+
+@case("normalize_weight", "7x6")
+def _normalize(seed: int) -> Call:
+    return (torch.rand(7, 6, generator=torch.Generator().manual_seed(seed)),), {}
+
+
+def _routing(tokens: int, k: int, experts: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])
+    drop = torch.rand(tokens, k, generator=g) < 0.2
+    return idx.masked_fill(drop, -1)
+
+
+@case("get_fused_mapping", "7x3 of 8 experts, sized exactly")
+def _mapping_exact(seed: int) -> Call:
+    return (_routing(7, 3, 8, seed), 8), {}
+
+
+@case("get_fused_mapping", "7x3 of 8 experts, no sync")
+def _mapping_bound(seed: int) -> Call:
+    return (_routing(7, 3, 8, seed), 8), {"force_no_sync": True, "alignment": 4}
+
+
+@case("get_fused_mapping", "7x3 of 8 experts, 64 rows")
+def _mapping_rows(seed: int) -> Call:
+    return (_routing(7, 3, 8, seed), 8, 64), {"alignment": 4}
+
+
+def _mapping(seed: int, alignment: int = 4) -> pk.FusedMapping:
+    return pk.get_fused_mapping(_routing(7, 3, 8, seed), 8, alignment=alignment)
+
+
+@case("expand_to_fused", "7x64 bf16")
+def _expand(seed: int) -> Call:
+    return (randn(7, 64, seed=seed, dtype=torch.bfloat16), _mapping(seed)), {}
+
+
+@case("expand_to_fused_with_sf", "7x256 fp8, col-major scales")
+def _expand_sf(seed: int) -> Call:
+    x = pk.per_token_cast_to_fp8(randn(7, 256, seed=seed, dtype=torch.bfloat16))
+    return (x, 128, _mapping(seed)), {"use_tma_aligned_col_major_sf": True}
+
+
+@case("expand_to_fused_with_sf", "7x256 raw pair")
+def _expand_sf_raw(seed: int) -> Call:
+    x = pk.per_token_cast_to_fp8(randn(7, 256, seed=seed, dtype=torch.bfloat16))
+    mapping = _mapping(seed)
+    return (tuple(x), 128, mapping.token_topk_to_pos, mapping.pos_to_expert), {}
+
+
+@case("reduce_fused", "weighted bf16")
+def _reduce(seed: int) -> Call:
+    mapping = _mapping(seed)
+    rows = mapping.pos_to_expert.numel()
+    weights = torch.rand(7, 3, generator=torch.Generator().manual_seed(seed))
+    return (randn(rows, 64, seed=seed + 1, dtype=torch.bfloat16), weights, mapping), {}
+
+
+@case("reduce_fused", "scaled rows to fp8, into out")
+def _reduce_fp8(seed: int) -> Call:
+    mapping = _mapping(seed)
+    rows = mapping.pos_to_expert.numel()
+    x = (randn(rows, 64, seed=seed + 1), torch.rand(rows, generator=torch.Generator().manual_seed(seed)))
+    out = torch.empty(7, 64, dtype=torch.float8_e4m3fn)
+    return (x, None, mapping), {"fp8_format": "e4m3", "sf": torch.tensor([0.5]), "out": out}
+
+
+# -- MLA ----------------------------------------------------------------------------------------
+
+@case("get_mla_metadata", "3 sequences, s_q 2, h_q 16")
+def _mla_metadata(seed: int) -> Call:
+    return (torch.tensor([70, 0, 130], dtype=torch.int32), 32, 1), {"num_heads_q": 16}
+
+
+def _decode(shape_index: int, with_out: bool) -> Callable[[int], Call]:
+    shape = MLA_SHAPES[shape_index]
+
+    def build(seed: int) -> Call:
+        paged = build_paged_cache(random_kv(shape.lengths, shape.h_kv, shape.d, seed=seed), shape.block_size,
+                                  seed=seed, fp8=shape.fp8)
+        indices = random_indices(paged, shape.s_q, shape.topk, seed=seed + 1)[0] if shape.topk else None
+        b = len(shape.lengths)
+        q = randn(b, shape.s_q, shape.h_q, shape.d, seed=seed + 2, dtype=torch.bfloat16)
+        meta, num_splits = pk.get_mla_metadata(paged.cache_seqlens, shape.s_q * shape.h_q // shape.h_kv, shape.h_kv,
+                                               shape.h_q, shape.fp8, shape.topk)
+        kwargs: dict[str, Any] = {"softmax_scale": shape.softmax_scale, "causal": shape.causal,
+                                  "is_fp8_kvcache": shape.fp8, "indices": indices}
+        if with_out:
+            kwargs["out"] = poison(b, shape.s_q, shape.h_q, 512, dtype=torch.bfloat16)
+            kwargs["lse"] = poison(b, shape.h_q, shape.s_q, dtype=torch.float32)
+        return (q, paged.k_cache, paged.block_table, paged.cache_seqlens, 512, meta, num_splits), kwargs
+    return build
+
+
+for _i, _with_out in ((0, False), (1, True), (3, False), (4, True)):
+    case("flash_mla_with_kvcache", MLA_SHAPES[_i].label() + (" into out/lse" if _with_out else ""))(
+        _decode(_i, _with_out))
+
+
+# -- EP -----------------------------------------------------------------------------------------
+
+@case("get_dispatch_layout", "7 tokens x3, 12 experts on 3 ranks")
+def _dispatch_layout(seed: int) -> Call:
+    return (_routing(7, 3, 12, seed), 12, 3), {}
