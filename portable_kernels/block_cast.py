@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import check_bool, check_int, check_tensor
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, Tolerance, checks_values, public_op, register_contract
 from .dispatch import run
 from .errors import ContractError, format_problem
@@ -162,6 +163,8 @@ def block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], round_sf:
     Returns QuantTensor(fp8 [M, K] or uint8 [M, K/2] packed e2m1, fp32 [ceil(M/bm), ceil(K/bk)]),
     granularity block_size.
     """
+    if is_compiling():
+        return compiled_call("block_cast", x, fmt, block_size, round_sf, clamp_min=clamp_min, sf=sf)
     op = BLOCK_CAST.name
     block = _check_args(op, x, fmt, block_size, round_sf, clamp_min, sf)
     if fmt == "e2m1" and checks_values(x) and x.numel() and not bool(torch.isfinite(x).all()):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, Tolerance, public_op, register_contract
 from .dispatch import run
 from .fp4 import _check_swiglu_args, _check_swiglu_values, swiglu_clamp_counts, swiglu_reference, swiglu_rows
@@ -73,6 +74,9 @@ def swiglu_forward(x: torch.Tensor, pos_to_token_topk: torch.Tensor | None = Non
     or int64 [3] (needs the clamp); pos_to_expert (keyword): None or int32 [M], -1 marks padding rows.
     Returns fp32 [M, I].
     """
+    if is_compiling():
+        return compiled_call("swiglu_forward", x, pos_to_token_topk, topk_weights, swiglu_clamp_value, clamped_count,
+                             pos_to_expert=pos_to_expert)
     op = SWIGLU_FORWARD.name
     _check_swiglu_args(op, x, "e4m3", 1, pos_to_token_topk, topk_weights, pos_to_expert, False, False, False,
                        swiglu_clamp_value, clamped_count)

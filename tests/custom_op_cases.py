@@ -26,6 +26,15 @@ BACKENDS = {"cpu": ("cpu", {}), "nvidia-sm90": ("nvidia", {"arch": "sm90"}),
             "ascend-910b": ("ascend", {"soc": "910b"})}
 
 
+#: ops whose call depends on the backend beyond its provider: quantized operands or outputs in the
+#: backend's Format, the grouped-GEMM alignment, the MLA metadata's backend. The others run the same
+#: boundary code on every backend, so they are checked on cpu only (CI time).
+BACKEND_DEPENDENT = {"fp8_gemm_nt", "fp8_fp4_gemm_nt", "m_grouped_fp8_gemm_nt_contiguous",
+                     "m_grouped_fp8_gemm_nt_masked", "m_grouped_bf16_gemm_nt_contiguous", "per_token_cast_to_fp8",
+                     "per_block_cast_to_fp8", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast",
+                     "get_fused_mapping", "get_mla_metadata", "flash_mla_with_kvcache"}
+
+
 @attrs.frozen
 class OpCase:
     op: str
@@ -38,6 +47,11 @@ class OpCase:
 
 
 CASES: list[OpCase] = []
+
+
+def matrix() -> list[tuple[OpCase, str]]:
+    """(case, backend) pairs to check: every case on cpu, backend-dependent ones on every backend."""
+    return [(c, backend) for c in CASES for backend in BACKENDS if backend == "cpu" or c.op in BACKEND_DEPENDENT]
 
 
 def case(op: str, label: str) -> Callable[[Callable[[int], Call]], Callable[[int], Call]]:
@@ -180,6 +194,34 @@ def _swiglu_mapped(seed: int) -> Call:
     return (x,), kwargs
 
 
+@case("swiglu_forward", "16x256")
+def _swiglu_forward(seed: int) -> Call:
+    return (randn(16, 256, seed=seed, dtype=torch.bfloat16),), {}
+
+
+@case("swiglu_forward", "33x128 weighted, padded, clamped")
+def _swiglu_forward_mapped(seed: int) -> Call:
+    (x,), kwargs = _swiglu_mapped(seed)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("round_sf", "prepare_for")}
+    return (x,), kwargs
+
+
+@case("block_cast", "3x300 e4m3 per (1, 128)")
+def _block_cast_fp8(seed: int) -> Call:
+    return (randn(3, 300, seed=seed, dtype=torch.bfloat16), "e4m3", (1, 128)), {}
+
+
+@case("block_cast", "130x256 e2m1 per (128, 32), round_sf")
+def _block_cast_fp4(seed: int) -> Call:
+    return (randn(130, 256, seed=seed), "e2m1", (128, 32), True), {}
+
+
+@case("block_cast", "5x64 e4m3 per (1, 32) with given scales")
+def _block_cast_sf(seed: int) -> Call:
+    sf = torch.rand(5, 2, generator=torch.Generator().manual_seed(seed)) + 0.01
+    return (randn(5, 64, seed=seed + 1), "e4m3", (1, 32)), {"sf": sf}
+
+
 # -- top-k and routing --------------------------------------------------------------------------
 
 @case("topk", "4x1000 k=8 sorted")
@@ -204,6 +246,60 @@ def _gate(seed: int) -> Call:
 @case("top2_sum_gate", "16 tokens, 8 experts in 4 groups, top 2 of 2 groups, no mask")
 def _gate_unmasked(seed: int) -> Call:
     return (randn(16, 8, seed=seed), randn(8, seed=seed + 1, scale=0.1), 2, 2, 4), {}
+
+
+@case("top2_sum_gate", "fixed routing, a shared expert, physical replicas, TP masking")
+def _gate_routed(seed: int) -> Call:
+    t, e, k = 7, 16, 3
+    g = torch.Generator().manual_seed(seed)
+    # row l: logical expert l (the shared expert is row 16), then two extra physical experts 16 and 17
+    to_physical_map = torch.tensor([[min(i, 16), 16, 17] for i in range(e + 1)], dtype=torch.int32)
+    logical_count = torch.randint(1, 4, (e + 1,), generator=g, dtype=torch.int32)
+    unmapped = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    fix = torch.rand(t, generator=g) < 0.5
+    kwargs = {"use_shared_as_routed": True, "num_shared_experts": 1, "ep_rank": 1, "num_ep_ranks": 2,
+              "tp_rank": 0, "num_tp_ranks": 2, "fix_routing_mask": fix, "to_physical_map": to_physical_map,
+              "logical_count": logical_count, "unmapped_topk_idx": unmapped}
+    return (randn(t, e, seed=seed), None, k, 2, 4), kwargs
+
+
+@case("topk_gate", "7x32 top 6")
+def _topk_gate(seed: int) -> Call:
+    return (randn(7, 32, seed=seed), 6), {}
+
+
+@case("topk_sum_and_topk_group_idx", "7 tokens, 8 groups of 4, top-2 sums, 3 groups")
+def _group_idx(seed: int) -> Call:
+    return (randn(7, 8, 4, seed=seed), 2, 3), {}
+
+
+@case("mask_indices_by_tp", "7x3 of 16 experts on 4 EP ranks, TP rank 1 of 2")
+def _mask_by_tp(seed: int) -> Call:
+    return (_routing(7, 3, 16, seed), 16, 4, 1, 2), {}
+
+
+@case("inplace_unique_group_indices", "7x4 group ids with repeats")
+def _unique_groups(seed: int) -> Call:
+    ids = torch.randint(-1, 4, (7, 4), generator=torch.Generator().manual_seed(seed))
+    return (ids, 4), {}
+
+
+@case("map_to_physical_experts", "7x3 of 8 logical experts, 2 replicas")
+def _physical(seed: int) -> Call:
+    g = torch.Generator().manual_seed(seed)
+    to_physical_map = torch.randperm(16, generator=g).view(8, 2).to(torch.int32)
+    logical_count = torch.randint(1, 3, (8,), generator=g, dtype=torch.int32)
+    return (_routing(7, 3, 8, seed), to_physical_map, logical_count, 1), {}
+
+
+@case("group_count", "7x3 of 8 groups")
+def _group_count(seed: int) -> Call:
+    return (_routing(7, 3, 8, seed), 8), {}
+
+
+@case("aux_fi", "7x3 of 8 experts")
+def _aux_fi(seed: int) -> Call:
+    return (_routing(7, 3, 8, seed), 8, 3), {}
 
 
 @case("normalize_weight", "7x6")

@@ -4,7 +4,10 @@ computes what the public function computes, and the fakes build each Format's st
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import inspect
+import textwrap
 import warnings
 from typing import Any, Iterator
 
@@ -23,7 +26,7 @@ from portable_kernels.layouts import LayoutConversionError
 from portable_kernels.tensors import PreparedTensor, QuantTensor
 from portable_kernels.torch_ops.fake_storage import fake_storage
 
-from custom_op_cases import BACKENDS, CASES, OpCase
+from custom_op_cases import BACKENDS, CASES, OpCase, matrix
 
 #: public ops that are not custom ops, and why (docs/custom-ops.md says the same)
 NOT_CUSTOM_OPS = {
@@ -39,7 +42,8 @@ MUTATED = {
     "m_grouped_fp8_gemm_nt_contiguous": {"d"}, "m_grouped_fp8_gemm_nt_masked": {"d"},
     "m_grouped_bf16_gemm_nt_contiguous": {"d"}, "m_grouped_bf16_gemm_nt_masked": {"d"},
     "flash_mla_with_kvcache": {"out", "lse"}, "reduce_fused": {"out"},
-    "swiglu_forward_and_per_token_cast": {"clamped_count"},
+    "swiglu_forward_and_per_token_cast": {"clamped_count"}, "swiglu_forward": {"clamped_count"},
+    "top2_sum_gate": {"unmapped_topk_idx"}, "inplace_unique_group_indices": {"group_indices"},
 }
 
 _BYTE_FLOATS = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu)
@@ -74,7 +78,7 @@ def recording_ops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, t
         return call
 
     for module in (torch_ops.gemm, torch_ops.grouped_gemm, torch_ops.quantization, torch_ops.topk,
-                   torch_ops.moe_routing, torch_ops.mla, torch_ops.ep):
+                   torch_ops.moe_routing, torch_ops.moe_indices, torch_ops.swiglu, torch_ops.mla, torch_ops.ep):
         monkeypatch.setattr(module, "op", recording)
     yield calls
 
@@ -124,6 +128,27 @@ def test_every_public_op_is_a_custom_op() -> None:
         assert hasattr(torch.ops.portable_kernels, name)
 
 
+@pytest.mark.parametrize("name", sorted(ROUTES))
+def test_route_takes_the_public_signature(name: str) -> None:
+    public, route = inspect.signature(_PUBLIC[name]), inspect.signature(ROUTES[name])
+    assert [(p.name, p.kind, p.default) for p in route.parameters.values()] == \
+        [(p.name, p.kind, p.default) for p in public.parameters.values()]
+
+
+@pytest.mark.parametrize("name", sorted(ROUTES))
+def test_public_function_forwards_every_argument_under_compile(name: str) -> None:
+    fn = _PUBLIC[name]
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", "") ==
+             "compiled_call"]
+    assert len(calls) == 1, "the public function must start with: if is_compiling(): return compiled_call(...)"
+    call = calls[0]
+    forwarded = [a.value for a in call.args[:1]] + [a.id for a in call.args[1:]] + \
+        [f"{k.arg}={k.value.id}" for k in call.keywords]
+    params = inspect.signature(fn).parameters.values()
+    assert forwarded == [name] + [p.name if p.kind != p.KEYWORD_ONLY else f"{p.name}={p.name}" for p in params]
+
+
 def test_every_custom_op_has_cases() -> None:
     assert {c.op for c in CASES} == set(torch_ops.SCHEMAS)
 
@@ -136,8 +161,7 @@ def test_schema_declares_exactly_the_written_arguments(name: str) -> None:
     assert all(r.alias_info is None for r in schema.returns)  # outputs never alias inputs
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
-@pytest.mark.parametrize("op_case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize(("op_case", "backend"), matrix(), ids=[f"{c.id}-{b}" for c, b in matrix()])
 def test_opcheck(op_case: OpCase, backend: str, monkeypatch: pytest.MonkeyPatch, byte_exact_allclose: None) -> None:
     name, options = BACKENDS[backend]
     with pk.use_backend(name, **options), warnings.catch_warnings():

@@ -13,6 +13,7 @@ import attrs
 import torch
 
 from ..checks import check_int, check_tensor, first_bad
+from ..compiled import compiled_call, is_compiling
 from ..contract import OpContract, Tolerance, checks_values, public_op, register_contract
 from ..dispatch import run
 from ..errors import ContractError, format_problem
@@ -82,6 +83,8 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
 
     group_idx: int64/int32 [T, k], values < num_groups, negative = padding. Returns int32 [num_groups].
     """
+    if is_compiling():
+        return compiled_call("group_count", group_idx, num_groups)
     op = GROUP_COUNT.name
     check_int(op, "num_groups", num_groups, 1)
     _check_ids(op, "group_idx", group_idx, num_groups, "num_groups")
@@ -95,6 +98,8 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     topk_idx: int64/int32 [T, k], values < num_experts, negative = padding; num_aux_topk >= 1.
     Returns fp32 [num_experts].
     """
+    if is_compiling():
+        return compiled_call("aux_fi", topk_idx, num_experts, num_aux_topk)
     op = AUX_FI.name
     check_int(op, "num_experts", num_experts, 1)
     check_int(op, "num_aux_topk", num_aux_topk, 1, fix="pass the top-k the auxiliary loss normalizes by")

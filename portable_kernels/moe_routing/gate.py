@@ -177,7 +177,8 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor | None, num_topk: int
     if is_compiling():
         return compiled_call("top2_sum_gate", logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
                              num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
-                             scoring_func, mask, normalize=normalize)
+                             scoring_func, mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx,
+                             normalize=normalize)
     op = TOP2_SUM_GATE.name
     _check_gate_args(op, logits, bias, num_topk, num_topk_groups, num_groups, routed_scaling_factor, scoring_func,
                      mask, normalize)

@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from ..checks import check_int, check_tensor, first_bad
+from ..compiled import compiled_call, is_compiling
 from ..contract import OpContract, Tolerance, checks_values, public_op, register_contract
 from ..dispatch import run
 from ..errors import ContractError, format_problem
@@ -139,6 +140,8 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
     multiple of num_ep_ranks; 0 <= tp_rank < num_tp_ranks. Returns a new tensor like indices; see
     the module docstring for the renumbering.
     """
+    if is_compiling():
+        return compiled_call("mask_indices_by_tp", indices, n, num_ep_ranks, tp_rank, num_tp_ranks)
     op = MASK_INDICES_BY_TP.name
     check_tensor(op, "indices", indices, INDEX_DTYPES, (None, None), None, "pass int64 expert ids [T, k]")
     check_int(op, "num_ep_ranks", num_ep_ranks, 1)
@@ -159,6 +162,8 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
 
     group_indices: int64/int32 [T, k], contiguous, values < num_groups (negative = none).
     """
+    if is_compiling():
+        return compiled_call("inplace_unique_group_indices", group_indices, num_groups)
     op = INPLACE_UNIQUE_GROUP_INDICES.name
     check_tensor(op, "group_indices", group_indices, INDEX_DTYPES, (None, None), None,
                  "pass int64 group ids [T, k]")
@@ -180,6 +185,8 @@ def map_to_physical_experts(topk_idx: torch.Tensor, to_physical_map: torch.Tenso
     ids >= 0 (replica j of logical l at [l, j]); logical_count: int32 [L], 1 <= count <= D replicas in
     use; ep_rank >= 0 shifts the replica choice. Returns int64 [T, k].
     """
+    if is_compiling():
+        return compiled_call("map_to_physical_experts", topk_idx, to_physical_map, logical_count, ep_rank)
     op = MAP_TO_PHYSICAL_EXPERTS.name
     check_tensor(op, "topk_idx", topk_idx, INDEX_DTYPES, (None, None), None, "pass logical expert ids [T, k]")
     device = topk_idx.device

@@ -14,6 +14,7 @@ import attrs
 import torch
 
 from ..checks import check_finite, check_int, check_tensor
+from ..compiled import compiled_call, is_compiling
 from ..contract import OpContract, Tolerance, public_op, register_contract
 from ..dispatch import run
 from ..providers import Inputs
@@ -98,6 +99,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     scores: fp32 [T, E], finite; 1 <= num_topk <= E. Returns int64 [T, num_topk], best first,
     equal scores to the smaller index.
     """
+    if is_compiling():
+        return compiled_call("topk_gate", scores, num_topk)
     op = TOPK_GATE.name
     check_tensor(op, "scores", scores, (torch.float32,), (None, None), None, "pass fp32 [num_tokens, num_experts]")
     check_int(op, "num_topk", num_topk, 1, scores.shape[1], f"choose at most the {scores.shape[1]} experts")
@@ -114,6 +117,8 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     1 or 2); 1 <= num_topk_groups <= G. Returns int64 [T, num_topk_groups], best first, ties to the
     smaller group index.
     """
+    if is_compiling():
+        return compiled_call("topk_sum_and_topk_group_idx", scores, num_topk_sum, num_topk_groups)
     op = TOPK_SUM_AND_TOPK_GROUP_IDX.name
     check_tensor(op, "scores", scores, (torch.float32,), (None, None, None), None,
                  "pass fp32 [num_tokens, num_groups, num_experts_per_group]")

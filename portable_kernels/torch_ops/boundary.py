@@ -125,17 +125,21 @@ def operands(op_name: str, names: tuple[str, ...], args: tuple) -> list[Any]:
             for i, name in enumerate(names)]
 
 
-def contiguous(tensors: Any) -> Any:
-    """Outputs in the strides the fakes promise: row-major (a provider may return a strided view,
-    e.g. the first k columns of a sort; the fake cannot know which). A no-op when already so."""
-    if isinstance(tensors, torch.Tensor):
-        return tensors.contiguous()
-    return type(tensors)(t.contiguous() for t in tensors)
+def fresh(outputs: Any, *inputs: Any) -> Any:
+    """Outputs as an op may return them: row-major, as the fakes promise (a provider may return a
+    strided view, e.g. the first k columns of a sort), and never an input's memory (a provider may
+    hand back a tensor it was given, e.g. block_cast's given scales). A no-op in the usual case."""
+    if isinstance(outputs, torch.Tensor):
+        out = outputs.contiguous()
+        taken = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.numel()}
+        return out.clone() if out.numel() and out.untyped_storage().data_ptr() in taken else out
+    return type(outputs)(fresh(t, *inputs) for t in outputs)
 
 
 def frozen_new(cls: type, **fields: Any) -> Any:
-    """An instance of a frozen attrs class built field by field (dynamo cannot trace attrs'
-    generated __init__ of frozen classes; PreparedTensor.unchecked does the same)."""
+    """An instance of a frozen attrs class built field by field, as `PreparedTensor.unchecked` does,
+    in the one form dynamo traces (it follows neither attrs' generated __init__ of frozen classes
+    nor the slot descriptors `unchecked` writes through)."""
     obj = object.__new__(cls)
     for name, value in fields.items():
         object.__setattr__(obj, name, value)

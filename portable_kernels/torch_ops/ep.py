@@ -12,12 +12,12 @@ import torch
 
 from ..compiled import ROUTES
 from ..ep import dispatch_layout
-from .boundary import contiguous, define, op
+from .boundary import define, fresh, op
 
 
 def _impl(topk_idx, num_experts, num_ranks):
     per_rank, _, per_expert, in_rank = dispatch_layout.get_dispatch_layout(topk_idx, num_experts, num_ranks)
-    return contiguous((per_rank, per_expert, in_rank))
+    return fresh((per_rank, per_expert, in_rank), topk_idx)
 
 
 def _fake(topk_idx, num_experts, num_ranks):

@@ -40,7 +40,8 @@ def register_fake_storage(fmt: Format, fn: StorageFn) -> None:
     _BUILDERS[fmt.name] = fn
 
 
-def fake_storage(fmt: Format, data: torch.Tensor, shape: tuple, granularity: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+def fake_storage(fmt: Format, data: torch.Tensor, shape: tuple,
+                 granularity: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """(data, scale) as `fmt` stores an operand of logical `shape` quantized at `granularity`
     (`data` is its plain data; runs on fake tensors)."""
     builder = _BUILDERS.get(fmt.name)

@@ -22,14 +22,14 @@ from ..compiled import ROUTES
 from ..dispatch import plan_for
 from ..errors import ContractError, format_problem
 from ..mla import MlaMetadata, MlaMetadataInputs
-from .boundary import check_ran_on, contiguous, define, frozen_new, op, require, selected
+from .boundary import check_ran_on, define, fresh, frozen_new, op, require, selected
 
 
 def _metadata_impl(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache, topk, backend):
     meta, num_splits = mla.get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q,
                                             is_fp8_kvcache, topk)
     check_ran_on(mla.GET_MLA_METADATA.name, "the backend computing it", (backend,), (meta.backend,))
-    return contiguous(list(meta.tensors)), contiguous([] if num_splits is None else [num_splits])
+    return fresh(list(meta.tensors), cache_seqlens), fresh([] if num_splits is None else [num_splits], cache_seqlens)
 
 
 def _metadata_fake(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache, topk, backend):

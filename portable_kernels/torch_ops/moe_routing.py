@@ -21,37 +21,45 @@ from ..moe_routing import gate, mapping, reduce
 from ..moe_routing.mapping import FusedMapping, _unpack_mapping
 from ..registry import select_backend
 from ..tensors import FP8_DTYPE, QuantTensor
-from .boundary import OPERAND_ARITY, contiguous, define, frozen_new, op, operand_args, operand_schema, operands, selected
+from .boundary import OPERAND_ARITY, define, fresh, frozen_new, op, operand_args, operand_schema, operands, selected
 
 
 # -- top2_sum_gate / normalize_weight ----------------------------------------------------------------
 
 def _gate_impl(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
-               routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask, normalize):
-    return contiguous(gate.top2_sum_gate(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
-                                         num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank,
-                                         num_tp_ranks, scoring_func, mask, normalize=normalize))
+               routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask,
+               fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx, normalize):
+    out = gate.top2_sum_gate(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
+                             num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
+                             scoring_func, mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx,
+                             normalize=normalize)
+    return fresh(out, logits, bias, mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx)
 
 
-def _gate_fake(logits, bias, num_topk, *args):
-    t = logits.shape[0]
-    return logits.new_empty((t, num_topk), dtype=torch.int64), logits.new_empty((t, num_topk), dtype=torch.float32)
+def _gate_fake(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
+               *args):
+    t, slots = logits.shape[0], num_topk + (num_shared_experts if use_shared_as_routed else 0)
+    return logits.new_empty((t, slots), dtype=torch.int64), logits.new_empty((t, slots), dtype=torch.float32)
 
 
 define("top2_sum_gate(Tensor logits, Tensor? bias, int num_topk, int num_topk_groups, int num_groups, "
        "bool use_shared_as_routed, int num_shared_experts, float routed_scaling_factor, int ep_rank, "
-       "int num_ep_ranks, int tp_rank, int num_tp_ranks, str scoring_func, Tensor? mask, bool normalize) "
+       "int num_ep_ranks, int tp_rank, int num_tp_ranks, str scoring_func, Tensor? mask, Tensor? fix_routing_mask, "
+       "Tensor? to_physical_map, Tensor? logical_count, Tensor(u!)? unmapped_topk_idx, bool normalize) "
        "-> (Tensor topk_idx, Tensor topk_weights)", _gate_impl, _gate_fake)
 
 
 def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor | None, num_topk: int, num_topk_groups: int,
                   num_groups: int, use_shared_as_routed: bool = False, num_shared_experts: int = 0,
                   routed_scaling_factor: float = 1.0, ep_rank: int = 0, num_ep_ranks: int = 1, tp_rank: int = 0,
-                  num_tp_ranks: int = 1, scoring_func: str = "sigmoid", mask: torch.Tensor | None = None, *,
+                  num_tp_ranks: int = 1, scoring_func: str = "sigmoid", mask: torch.Tensor | None = None,
+                  fix_routing_mask: torch.Tensor | None = None, to_physical_map: torch.Tensor | None = None,
+                  logical_count: torch.Tensor | None = None, unmapped_topk_idx: torch.Tensor | None = None, *,
                   normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     return op("top2_sum_gate")(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
                                num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank,
-                               num_tp_ranks, scoring_func, mask, normalize)
+                               num_tp_ranks, scoring_func, mask, fix_routing_mask, to_physical_map, logical_count,
+                               unmapped_topk_idx, normalize)
 
 
 def _normalize_fake(topk_weights):
@@ -60,7 +68,7 @@ def _normalize_fake(topk_weights):
 
 
 def _normalize_impl(topk_weights):
-    return contiguous(gate.normalize_weight(topk_weights))
+    return fresh(gate.normalize_weight(topk_weights), topk_weights)
 
 
 define("normalize_weight(Tensor topk_weights) -> (Tensor denominator, Tensor normalized)", _normalize_impl,
@@ -74,8 +82,8 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 # -- get_fused_mapping ----------------------------------------------------------------------------
 
 def _mapping_impl(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync):
-    return contiguous(mapping.get_fused_mapping(topk_idx, num_experts, num_expanded_tokens, alignment,
-                                                force_no_sync)[:7])
+    return fresh(mapping.get_fused_mapping(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)[:7],
+                 topk_idx)
 
 
 def _mapping_fake(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync):
@@ -109,7 +117,8 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
 # -- expand_to_fused / expand_to_fused_with_sf ------------------------------------------------------
 
 def _expand_impl(x, token_topk_to_pos, pos_to_expert):
-    return contiguous(expand_module.expand_to_fused(x, token_topk_to_pos, pos_to_expert))
+    return fresh(expand_module.expand_to_fused(x, token_topk_to_pos, pos_to_expert), x, token_topk_to_pos,
+                 pos_to_expert)
 
 
 def _expand_fake(x, token_topk_to_pos, pos_to_expert):

@@ -1,5 +1,5 @@
-"""Custom ops of the quantizers: per_token_cast_to_fp8, per_block_cast_to_fp8, per_token_cast_to_fp4
-and swiglu_forward_and_per_token_cast.
+"""Custom ops of the quantizers: per_token_cast_to_fp8, per_block_cast_to_fp8, per_token_cast_to_fp4,
+swiglu_forward_and_per_token_cast and block_cast (TileKernels' scale rule; logical output only).
 
 Each returns `(data, scale)`. Without a consumer (`prepare_for=""`) they are the logical pair (a
 QuantTensor's tensors); with one, the bytes of the Format the selected backend stores that
@@ -17,12 +17,13 @@ from typing import Any, Callable
 import torch
 
 from .. import fp4, quantization
+from ..block_cast import block_cast as public_block_cast
 from ..compiled import ROUTES
 from ..contract import OpContract, get_contract
 from ..formats import PLAIN, Format
 from ..registry import select_backend
 from ..tensors import FP8_DTYPE, PreparedTensor, QuantTensor
-from .boundary import (cast_target, check_ran_on, consumer_name, contiguous, define, format_of, frozen_new, op,
+from .boundary import (cast_target, check_ran_on, consumer_name, define, format_of, fresh, frozen_new, op,
                        params_from_strs)
 from .fake_storage import fake_storage
 
@@ -36,7 +37,7 @@ def _result(op_name: str, value: QuantTensor | PreparedTensor, prepare_for: str,
         check_ran_on(op_name, "the backend/Format of its result", tuple(target),
                      (value.backend, value.format.name, *[f"{k}={v}" for k, v in value.params]))
     if isinstance(value, QuantTensor) or value.format is PLAIN:
-        return contiguous((value.data, value.scale))
+        return fresh((value.data, value.scale))
     return value.data, value.scale  # in the strides its Format defines (fake_storage builds the same)
 
 
@@ -68,8 +69,12 @@ def _rebuilt(contract: OpContract, x: torch.Tensor, prepare_for: Any, arg: str, 
         return frozen_new(QuantTensor, data=data, scale=scale, granularity=granularity, ue8m0=ue8m0, element=element,
                           signature=("quant", granularity, ue8m0, element, data.device))
     fmt = format_of(fmt_name, contract.name, "prepare_for")
-    return PreparedTensor.unchecked(data, scale, fmt, backend, shape, granularity, fmt.storage_granularity(granularity),
-                                    ue8m0 or fmt.requires_pow2, element, params_from_strs(backend, list(params)))
+    params = params_from_strs(backend, list(params))
+    ue8m0 = ue8m0 or fmt.requires_pow2
+    return frozen_new(PreparedTensor, data=data, scale=scale, format=fmt, backend=backend, shape=shape,
+                      granularity=granularity, storage_granularity=fmt.storage_granularity(granularity), ue8m0=ue8m0,
+                      element=element, params=params,
+                      signature=("prepared", backend, fmt.name, params, element, data.dtype, data.device))
 
 
 def _kwargs(prepare_for: str, arg: str) -> dict[str, Any]:
@@ -186,6 +191,33 @@ def swiglu_forward_and_per_token_cast(
                     (x.shape[0], x.shape[1] // 2), (1, num_per_channels), round_sf, "e4m3")
 
 
-ROUTES.update(per_token_cast_to_fp8=per_token_cast_to_fp8, per_block_cast_to_fp8=per_block_cast_to_fp8,
+# -- block_cast -----------------------------------------------------------------------------------
+
+def _block_cast_impl(x, fmt, block_size, round_sf, clamp_min, sf):
+    value = public_block_cast(x, fmt, tuple(block_size), round_sf, clamp_min=clamp_min, sf=sf)
+    return fresh((value.data, value.scale), x, sf)  # with given scales, a provider may return them as they are
+
+
+def _block_cast_fake(x, fmt, block_size, round_sf, clamp_min, sf):
+    m, k = x.shape
+    data = x.new_empty((m, k // 2) if fmt == "e2m1" else (m, k), dtype=torch.uint8 if fmt == "e2m1" else FP8_DTYPE)
+    scale = x.new_empty((-(-m // block_size[0]), -(-k // block_size[1])), dtype=torch.float32)
+    return data, scale
+
+
+define("block_cast(Tensor x, str fmt, int[] block_size, bool round_sf, float? clamp_min, Tensor? sf) "
+       "-> (Tensor data, Tensor scale)", _block_cast_impl, _block_cast_fake)
+
+
+def block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], round_sf: bool = False, *,
+               clamp_min: float | None = None, sf: torch.Tensor | None = None) -> QuantTensor:
+    data, scale = op("block_cast")(x, fmt, list(block_size), round_sf, clamp_min, sf)
+    granularity, ue8m0 = tuple(block_size), round_sf and sf is None
+    return frozen_new(QuantTensor, data=data, scale=scale, granularity=granularity, ue8m0=ue8m0, element=fmt,
+                      signature=("quant", granularity, ue8m0, fmt, data.device))
+
+
+ROUTES.update(block_cast=block_cast, per_token_cast_to_fp8=per_token_cast_to_fp8,
+              per_block_cast_to_fp8=per_block_cast_to_fp8,
               per_token_cast_to_fp4=per_token_cast_to_fp4,
               swiglu_forward_and_per_token_cast=swiglu_forward_and_per_token_cast)

@@ -8,7 +8,7 @@ import torch
 from ..topk import DEFAULT_IDX_FILL, DEFAULT_VALUE_FILL
 from ..topk import topk as public_topk
 from ..compiled import ROUTES
-from .boundary import contiguous, define, op
+from .boundary import define, fresh, op
 
 
 def _impl(input, topk, sorted, begin, end, indices_type, sorted_index, idx_oob_fill_value, value_oob_fill_value,
@@ -16,7 +16,7 @@ def _impl(input, topk, sorted, begin, end, indices_type, sorted_index, idx_oob_f
     values, indices = public_topk(input, topk, sorted, begin, end, indices_type, sorted_index,
                                   idx_oob_fill_value=idx_oob_fill_value, value_oob_fill_value=value_oob_fill_value,
                                   return_value=return_value)
-    return contiguous(((input.new_empty((0,)) if values is None else values), indices))
+    return fresh(((input.new_empty((0,)) if values is None else values), indices), input, end)
 
 
 def _fake(input, topk, sorted, begin, end, indices_type, sorted_index, idx_oob_fill_value, value_oob_fill_value,
