@@ -284,15 +284,31 @@ def test_cast_refuses_bytes_of_another_backend_than_traced() -> None:
     assert data.shape == (4, 256) and scale.shape == (4, 2)
 
 
-def test_op_validates_hand_built_prepared_bytes() -> None:
-    x, w = torch.randn(2, 256), torch.randn(64, 256)
-    a = pk.per_token_cast_to_fp8(x, prepare_for="fp8_gemm_nt")
-    b = pk.prepare_inputs("fp8_gemm_nt", b=pk.per_block_cast_to_fp8(w))["b"]
-    args = list(torch_ops.operand_args(pk.get_contract("fp8_gemm_nt"), "a", a))
-    args[1] = args[1][:, :1]  # scales of the wrong shape
-    with pytest.raises(pk.LayoutError, match="scale has shape"):
-        torch.ops.portable_kernels.fp8_gemm_nt(*args, *torch_ops.operand_args(pk.get_contract("fp8_gemm_nt"), "b", b),
-                                               torch.empty(2, 64, dtype=torch.bfloat16), None, None)
+@pytest.mark.parametrize("backend", ["cpu", "nvidia-sm90"])
+def test_op_validates_hand_built_prepared_bytes(backend: str) -> None:
+    name, options = BACKENDS[backend]
+    contract = pk.get_contract("fp8_gemm_nt")
+    with pk.use_backend(name, **options):
+        x, w = torch.randn(2, 256), torch.randn(64, 256)
+        a = pk.per_token_cast_to_fp8(x, prepare_for="fp8_gemm_nt")
+        b = pk.prepare_inputs("fp8_gemm_nt", b=pk.per_block_cast_to_fp8(w))["b"]
+        good = list(torch_ops.operand_args(contract, "a", a))
+        rest = (*torch_ops.operand_args(contract, "b", b), torch.empty(2, 64, dtype=torch.bfloat16), None, None)
+        for _ in range(2):  # the first call checks the static attributes, later ones only the bytes
+            torch.ops.portable_kernels.fp8_gemm_nt(*good, *rest)
+        wrong_shape = list(good)
+        wrong_shape[1] = good[1][:, :1].contiguous()
+        with pytest.raises(pk.LayoutError, match="scale has shape"):
+            torch.ops.portable_kernels.fp8_gemm_nt(*wrong_shape, *rest)
+        if backend == "nvidia-sm90":  # the bytes of a TMA-aligned scale copied densely
+            dense = list(good)
+            dense[1] = good[1].clone()
+            with pytest.raises(pk.LayoutError, match="not MN-major TMA-aligned"):
+                torch.ops.portable_kernels.fp8_gemm_nt(*dense, *rest)
+        unknown = list(good)
+        unknown[2] = "no-such-format"
+        with pytest.raises(pk.LayoutError, match="no byte format named"):
+            torch.ops.portable_kernels.fp8_gemm_nt(*unknown, *rest)
 
 
 def test_op_passes_contract_errors_through() -> None:

@@ -103,20 +103,50 @@ def operand_args(contract: OpContract, arg: str, value: Any) -> tuple:
     return (data, scale, "", "", [], list(data.shape), [], [], False, "")
 
 
+#: static attributes of prepared operands already checked by PreparedTensor's constructor
+_CHECKED: dict[tuple, tuple] = {}
+_MAX_CHECKED = 1024
+
+
 def rebuild_operand(op_name: str, arg: str, data: torch.Tensor, scale: torch.Tensor, format: str, backend: str,
                     params: list[str], shape: list[int], granularity: list[int], storage_granularity: list[int],
                     ue8m0: bool, element: str) -> PreparedTensor | QuantTensor | tuple[torch.Tensor, torch.Tensor]:
-    """The value `operand_args` flattened (inside an op's implementation)."""
-    if format:
+    """The value `operand_args` flattened (inside an op's implementation). A prepared operand is
+    checked like a hand-built one: the first time its static attributes are seen by
+    PreparedTensor's constructor, then (a graph passes the same constants on every call) its bytes
+    by its Format's check — shapes, dtypes, strides."""
+    if not format:
+        if granularity:
+            return QuantTensor(data, scale, tuple(granularity), ue8m0, element)
+        return (data, scale)
+    key = (format, backend, tuple(params), tuple(granularity), tuple(storage_granularity), ue8m0, element)
+    statics = _CHECKED.get(key)
+    if statics is None:
         try:
             fmt = format_named(format)
         except KeyError as exc:
             raise LayoutError(f"{op_name}: argument '{arg}': {exc.args[0]}") from None
-        return PreparedTensor(data, scale, fmt, backend, tuple(shape), tuple(granularity), tuple(storage_granularity),
-                              ue8m0, element, params_from_strs(backend, params))
-    if granularity:
-        return QuantTensor(data, scale, tuple(granularity), ue8m0, element)
-    return (data, scale)
+        value = PreparedTensor(data, scale, fmt, backend, tuple(shape), key[3], key[4], ue8m0, element,
+                               params_from_strs(backend, params))
+        if len(_CHECKED) >= _MAX_CHECKED:
+            _CHECKED.clear()
+        _CHECKED[key] = (value.format, value.params, value.granularity, value.storage_granularity)
+        return value
+    fmt, params_t, gran, storage_gran = statics
+    value = PreparedTensor.unchecked(data, scale, fmt, backend, tuple(shape), gran, storage_gran, ue8m0, element,
+                                     params_t)
+    problem = None
+    if scale.device != data.device:
+        problem = f"scale is on {scale.device} but data on {data.device}"
+    elif len(shape) < 2 or min(shape) < 0:
+        problem = f"shape {list(shape)} is not a logical [..., MN, K] of sizes >= 0"
+    else:
+        problem = fmt.check(value)
+    if problem is not None:
+        raise LayoutError(f"{op_name}: argument '{arg}' ({backend}:{format}, logical {element} {tuple(shape)}): "
+                          f"{problem}. Fix: pass the tensors of a PreparedTensor from prepare_inputs (or a "
+                          f"quantizer's prepare_for) as they are.")
+    return value
 
 
 def operands(op_name: str, names: tuple[str, ...], args: tuple) -> list[Any]:
@@ -125,15 +155,26 @@ def operands(op_name: str, names: tuple[str, ...], args: tuple) -> list[Any]:
             for i, name in enumerate(names)]
 
 
+def _root(t: torch.Tensor) -> torch.Tensor:
+    base = t._base
+    return t if base is None else base
+
+
 def fresh(outputs: Any, *inputs: Any) -> Any:
     """Outputs as an op may return them: row-major, as the fakes promise (a provider may return a
-    strided view, e.g. the first k columns of a sort), and never an input's memory (a provider may
-    hand back a tensor it was given, e.g. block_cast's given scales). A no-op in the usual case."""
+    strided view, e.g. the first k columns of a sort), and never an input or a view of one (a
+    provider may hand back a tensor it was given, e.g. block_cast's given scales). A no-op in the
+    usual case."""
+    roots = [_root(t) for t in inputs if t is not None]
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        out = t.contiguous()
+        root = _root(out)
+        return out.clone() if any(r is root for r in roots) else out
+
     if isinstance(outputs, torch.Tensor):
-        out = outputs.contiguous()
-        taken = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.numel()}
-        return out.clone() if out.numel() and out.untyped_storage().data_ptr() in taken else out
-    return type(outputs)(fresh(t, *inputs) for t in outputs)
+        return one(outputs)
+    return type(outputs)(one(t) for t in outputs)
 
 
 def frozen_new(cls: type, **fields: Any) -> Any:
