@@ -7,8 +7,10 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+import re
 import textwrap
 import warnings
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -273,6 +275,33 @@ def test_fake_storage_of_an_unknown_format_says_how_to_register_one() -> None:
         fake_storage(fmt, torch.zeros(2, 128, dtype=torch.float8_e4m3fn), (2, 128), (1, 128))
 
 
+# -- docs/custom-ops.md stays true ----------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "custom-ops.md"
+
+
+def _collapsed(schema: str) -> str:
+    for arg in ("a", "b", "x"):
+        schema = schema.replace(torch_ops.boundary.operand_schema(arg), f"OPERAND {arg}")
+    return schema
+
+
+def test_doc_lists_every_schema() -> None:
+    listed = re.search(r"```text\n(.*?)```", DOC.read_text(), flags=re.S).group(1).splitlines()
+    assert listed == [_collapsed(torch_ops.SCHEMAS[name]) for name in sorted(torch_ops.SCHEMAS)]
+
+
+def test_doc_snippets_run() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    assert len(blocks) == 2
+    torch._dynamo.reset()
+    try:
+        for i, block in enumerate(blocks):
+            exec(compile(block, f"custom-ops.md block {i}", "exec"), {"__name__": "docs_custom_ops"})
+    finally:
+        torch._dynamo.reset()
+
+
 # -- what the ops refuse --------------------------------------------------------------------------
 
 def test_cast_refuses_bytes_of_another_backend_than_traced() -> None:
@@ -292,8 +321,8 @@ def test_op_validates_hand_built_prepared_bytes(backend: str) -> None:
         x, w = torch.randn(2, 256), torch.randn(64, 256)
         a = pk.per_token_cast_to_fp8(x, prepare_for="fp8_gemm_nt")
         b = pk.prepare_inputs("fp8_gemm_nt", b=pk.per_block_cast_to_fp8(w))["b"]
-        good = list(torch_ops.operand_args(contract, "a", a))
-        rest = (*torch_ops.operand_args(contract, "b", b), torch.empty(2, 64, dtype=torch.bfloat16), None, None)
+        good = list(torch_ops.operand_args(a, contract, "a"))
+        rest = (*torch_ops.operand_args(b, contract, "b"), torch.empty(2, 64, dtype=torch.bfloat16), None, None)
         for _ in range(2):  # the first call checks the static attributes, later ones only the bytes
             torch.ops.portable_kernels.fp8_gemm_nt(*good, *rest)
         wrong_shape = list(good)

@@ -87,8 +87,10 @@ def params_from_strs(backend: str, strs: list[str]) -> tuple[tuple[str, Any], ..
     return params
 
 
-def operand_args(contract: OpContract, arg: str, value: Any) -> tuple:
-    """The OPERAND_FIELDS values of one quantized argument (traced by dynamo under torch.compile)."""
+def operand_args(value: Any, contract: OpContract | None = None, arg: str = "operand") -> tuple:
+    """The OPERAND_FIELDS values of one quantized operand — a PreparedTensor, a QuantTensor or a raw
+    `(data, scale)` pair — to splat into a `torch.ops.portable_kernels.*` call (traced by dynamo
+    under torch.compile). Anything else raises the op's ContractError (`contract`, `arg`)."""
     if isinstance(value, PreparedTensor):
         return (value.data, value.scale, value.format.name, value.backend, params_to_strs(value.params),
                 list(value.shape), list(value.granularity), list(value.storage_granularity), value.ue8m0,
@@ -98,6 +100,10 @@ def operand_args(contract: OpContract, arg: str, value: Any) -> tuple:
         return (value.data, value.scale, "", "", [], list(value.shape), granularity, granularity, value.ue8m0,
                 value.element)
     if not (isinstance(value, (tuple, list)) and len(value) == 2):
+        if contract is None:
+            raise ContractError(format_problem("operand_args", arg, describe(value),
+                                               "a PreparedTensor, a QuantTensor or a (data, scale) pair",
+                                               "quantize first, e.g. per_token_cast_to_fp8(x, prepare_for=op)"))
         quant_operand(contract, arg, value)  # raises the op's own error for what is not an operand
     data, scale = value
     return (data, scale, "", "", [], list(data.shape), [], [], False, "")

@@ -39,7 +39,7 @@ define(f"fp8_gemm_nt({_A}, {_B}, Tensor(d!) d, Tensor? c, int[]? recipe) -> ()",
 
 def fp8_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None) -> None:
     contract = gemm.FP8_GEMM_NT
-    op("fp8_gemm_nt")(*operand_args(contract, "a", a), *operand_args(contract, "b", b), d, c, optional_list(recipe))
+    op("fp8_gemm_nt")(*operand_args(a, contract, "a"), *operand_args(b, contract, "b"), d, c, optional_list(recipe))
 
 
 # -- bf16_gemm_nt ---------------------------------------------------------------------------------
@@ -70,7 +70,7 @@ define(f"fp8_fp4_gemm_nt({_A}, {_B}, Tensor(d!) d, Tensor? c, int[]? recipe, int
 def fp8_fp4_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None,
                     recipe_a: Any = None, recipe_b: Any = None) -> None:
     contract = fp4.FP8_FP4_GEMM_NT
-    op("fp8_fp4_gemm_nt")(*operand_args(contract, "a", a), *operand_args(contract, "b", b), d, c,
+    op("fp8_fp4_gemm_nt")(*operand_args(a, contract, "a"), *operand_args(b, contract, "b"), d, c,
                           optional_list(recipe), optional_list(recipe_a), optional_list(recipe_b))
 
 

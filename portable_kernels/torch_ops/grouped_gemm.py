@@ -37,7 +37,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indices:
                                      *, use_psum_layout: bool = False,
                                      expected_m_for_psum_layout: int | None = None) -> None:
     contract = gg.M_GROUPED_FP8_CONTIGUOUS
-    op("m_grouped_fp8_gemm_nt_contiguous")(*operand_args(contract, "a", a), *operand_args(contract, "b", b), d,
+    op("m_grouped_fp8_gemm_nt_contiguous")(*operand_args(a, contract, "a"), *operand_args(b, contract, "b"), d,
                                            m_indices, optional_list(recipe), use_psum_layout,
                                            expected_m_for_psum_layout)
 
@@ -55,7 +55,7 @@ define(f"m_grouped_fp8_gemm_nt_masked({_A}, {_B}, Tensor(d!) d, Tensor masked_m,
 def m_grouped_fp8_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
                                  recipe: Any = None) -> None:
     contract = gg.M_GROUPED_FP8_MASKED
-    op("m_grouped_fp8_gemm_nt_masked")(*operand_args(contract, "a", a), *operand_args(contract, "b", b), d, masked_m,
+    op("m_grouped_fp8_gemm_nt_masked")(*operand_args(a, contract, "a"), *operand_args(b, contract, "b"), d, masked_m,
                                        expected_m, optional_list(recipe))
 
 

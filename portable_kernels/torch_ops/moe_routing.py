@@ -161,7 +161,7 @@ def expand_to_fused_with_sf(x: Any, num_per_channels: int, token_topk_to_pos: An
                             use_tma_aligned_col_major_sf: bool = False) -> QuantTensor:
     contract = expand_module.EXPAND_TO_FUSED_WITH_SF
     ttp, pte = _unpack_mapping(contract.name, token_topk_to_pos, pos_to_expert, True)
-    out, out_sf = op("expand_to_fused_with_sf")(*operand_args(contract, "x", x), num_per_channels, ttp, pte,
+    out, out_sf = op("expand_to_fused_with_sf")(*operand_args(x, contract, "x"), num_per_channels, ttp, pte,
                                                 use_tma_aligned_col_major_sf)
     granularity = (1, num_per_channels)
     ue8m0 = x.ue8m0 if isinstance(x, QuantTensor) else False
