@@ -108,6 +108,16 @@ def test_moe_block_is_one_graph_with_one_node_per_op(fresh_dynamo: None) -> None
     assert recorder.pk_ops() == MOE_OPS
 
 
+def test_moe_block_compiles_once_for_any_batch(fresh_dynamo: None) -> None:
+    w = _prepare_weights(7)
+    recorder = GraphRecorder()
+    compiled = torch.compile(moe_block, backend=recorder, fullgraph=True, dynamic=True)
+    for tokens, seed in ((16, 8), (5, 9), (33, 10)):
+        x = randn(tokens, HIDDEN, seed=seed, dtype=torch.bfloat16)
+        _bit_equal(compiled(x, w), moe_block(x, w))
+    assert len(recorder.graphs) == 1  # symbolic token count, data-dependent expanded rows
+
+
 def test_mla_decode_is_one_graph_with_one_node_per_op(fresh_dynamo: None) -> None:
     inputs = _decode_inputs(11)
     eager = mla_decode(*inputs)
