@@ -7,8 +7,9 @@ Format's name (`format_named` finds the Format again), backend, backend options 
 strings, logical shape, granularity, storage granularity, ue8m0 and element. An empty format
 means a logical operand: a QuantTensor when a granularity is given, else a raw pair whose
 granularity the op infers as it does in eager mode. The op's implementation rebuilds the value
-(a PreparedTensor through its checked constructor, so hand-built bytes are validated) and calls
-the public function: the registry and plan cache run inside the op.
+(a PreparedTensor checked like a hand-built one: its static attributes once by the constructor,
+its bytes on every call by its Format) and calls the public function: the registry and plan cache
+run inside the op.
 
 Rule: routes (traced by dynamo) only read attributes and build values with `frozen_new`; anything
 that reads the registry runs in a `trace_constant` function, whose result torch.compile fixes when
