@@ -156,6 +156,24 @@ def test_compiled_graph_refuses_another_backend_than_traced(fresh_dynamo: None) 
         cast(x)
 
 
+def test_metadata_provider_without_traceable_shapes_says_how_to_fix(fresh_dynamo: None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from portable_kernels.dispatch import provider_for
+    from portable_kernels.mla import GET_MLA_METADATA, MlaMetadataInputs
+    from portable_kernels.torch_ops import boundary
+
+    seqlens = torch.tensor([70, 0, 130], dtype=torch.int32)
+    provider = provider_for(GET_MLA_METADATA, MlaMetadataInputs(seqlens, 16, 1, None, False, None))
+
+    def reads_values(inputs: Any) -> Any:  # what a provider planning from the lengths on the host does
+        return (torch.zeros(int(inputs.cache_seqlens.sum()), 4),), None
+
+    monkeypatch.setitem(boundary._PROVIDER_FAKES, (provider.op, provider.backend, provider.name), reads_values)
+    metadata = torch.compile(lambda s: pk.get_mla_metadata(s, 16, 1)[1], backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="register_provider_fake"):
+        metadata(seqlens)
+
+
 def test_argument_errors_surface_under_compile(fresh_dynamo: None) -> None:
     a, b = randn(2, 128, seed=1, dtype=torch.bfloat16), randn(64, 128, seed=2, dtype=torch.bfloat16)
     gemm = torch.compile(lambda a, b, d: pk.bf16_gemm_nt(a, b, d), backend="eager", fullgraph=True)

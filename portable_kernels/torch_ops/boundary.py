@@ -199,6 +199,24 @@ def optional_list(value: Any) -> list[int] | None:
     return None if value is None else list(value)
 
 
+# -- fakes a provider declares ----------------------------------------------------------------------
+
+_PROVIDER_FAKES: dict[tuple[str, str, str], Callable[[Any], Any]] = {}
+
+
+def register_provider_fake(op: str, backend: str, provider: str, fake: Callable[[Any], Any]) -> None:
+    """Declare what provider (op, backend, provider) returns, computed from sizes only: `fake(inputs)`
+    runs on fake tensors while torch.compile traces and returns outputs of the right shapes, dtypes
+    and strides (`torch.library.get_ctx().new_dynamic_size()` for a size read from values). Needed
+    only where an op's output shapes depend on its provider (get_mla_metadata's scheduling tensors)
+    and the provider reads values on the host."""
+    _PROVIDER_FAKES[(op, backend, provider)] = fake
+
+
+def provider_fake(provider: Any) -> Callable[[Any], Any] | None:
+    return _PROVIDER_FAKES.get((provider.op, provider.backend, provider.name))
+
+
 # -- selection facts fixed at trace time -------------------------------------------------------------
 
 

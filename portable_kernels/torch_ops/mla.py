@@ -5,9 +5,10 @@ Tensor-only form of `MlaMetadata`: `get_mla_metadata` returns `(Tensor[] tensors
 backend has none). The rest of an MlaMetadata — the backend that computed it and the configuration
 — is static: the route fixes the backend when it traces (the op checks it when it runs) and passes
 both to `flash_mla_with_kvcache` as `meta_*` arguments, which rebuilds the MlaMetadata inside.
-The fake of get_mla_metadata runs the selected provider on fake tensors: a metadata provider must
-compute its shapes from sizes only (the cpu reference does; a provider that reads the lengths on
-the host cannot be traced). `flash_mla_with_kvcache` writes `out` and `lse` (`Tensor(o!)`,
+The fake of get_mla_metadata runs the selected provider's registered fake
+(`register_provider_fake`; e.g. the cpu native split plan, whose task count depends on the
+lengths, gives it a data-dependent size), else the provider itself on fake tensors (the reference
+computes its shapes from sizes only). `flash_mla_with_kvcache` writes `out` and `lse` (`Tensor(o!)`,
 `Tensor(l!)`); the route allocates them when the caller passes None and returns them.
 """
 
@@ -22,7 +23,7 @@ from ..compiled import ROUTES
 from ..dispatch import plan_for
 from ..errors import ContractError, format_problem
 from ..mla import MlaMetadata, MlaMetadataInputs
-from .boundary import check_ran_on, define, fresh, frozen_new, op, require, selected
+from .boundary import check_ran_on, define, fresh, frozen_new, op, provider_fake, require, selected
 
 
 def _metadata_impl(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache, topk, backend):
@@ -35,13 +36,15 @@ def _metadata_impl(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_head
 def _metadata_fake(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache, topk, backend):
     inputs = MlaMetadataInputs(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, is_fp8_kvcache, topk)
     provider = plan_for(mla.GET_MLA_METADATA, inputs).provider_for(inputs)
+    fake = provider_fake(provider)
     try:
-        tensors, num_splits = provider.fn(inputs)
+        tensors, num_splits = (fake or provider.fn)(inputs)
     except Exception as exc:
         raise ContractError(
             f"get_mla_metadata: provider {provider.backend}/{provider.name} cannot run on fake tensors, so "
-            f"torch.compile cannot trace it ({type(exc).__name__}: {exc}). Fix: call get_mla_metadata outside the "
-            f"compiled function and pass its result in.") from exc
+            f"torch.compile cannot trace it ({type(exc).__name__}: {exc}). Fix: register the shapes of its "
+            f"outputs with portable_kernels.torch_ops.register_provider_fake, or call get_mla_metadata outside "
+            f"the compiled function and pass its result in.") from exc
     return list(tensors), ([] if num_splits is None else [num_splits])
 
 

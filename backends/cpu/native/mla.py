@@ -80,6 +80,14 @@ def metadata_native(call) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     return (splits,), num_splits
 
 
+def metadata_fake(call) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """metadata_native's outputs on torch.compile's fake tensors: the task count depends on the lengths."""
+    tasks = torch.library.get_ctx().new_dynamic_size()
+    seqlens = call.cache_seqlens
+    return ((seqlens.new_empty((tasks, 4), dtype=torch.int64),),
+            seqlens.new_empty((seqlens.shape[0] + 1,), dtype=torch.int32))
+
+
 def _plan_for(call, b: int, s_q: int, h_kv: int) -> torch.Tensor:
     """The split plan of the metadata when it was made for this call's jobs, else a fresh one."""
     meta = call.tile_scheduler_metadata
@@ -136,8 +144,10 @@ def _decline(call) -> list[str]:
 
 def register(registry) -> None:
     from portable_kernels.mla import FLASH_MLA_WITH_KVCACHE, GET_MLA_METADATA
+    from portable_kernels.torch_ops import register_provider_fake
     registry.kernel(GET_MLA_METADATA.name, BACKEND, NATIVE, priority=10, devices=("cpu",), check=_decline,
                     doc="split plan: each sequence's keys cut so every thread gets about two tasks")(metadata_native)
+    register_provider_fake(GET_MLA_METADATA.name, BACKEND, NATIVE, metadata_fake)
     registry.kernel(FLASH_MLA_WITH_KVCACHE.name, BACKEND, NATIVE, priority=10, devices=("cpu",), check=_decline,
                     doc="C++ (deepjit, AMX): 64-key chunks, online softmax, split over the sequence, lse merge"
                     )(decode_native)
