@@ -32,7 +32,7 @@ from .registry import Backend, Registry, available_backends, registry, use_backe
 from .swiglu import swiglu_forward
 from .tensors import LayoutTag, PreparedTensor, QuantTensor
 from .topk import topk
-from . import torch_ops  # noqa: E402  defines torch.ops.portable_kernels.* (after every op module)
+from . import torch_ops  # noqa: E402, F401  defines torch.ops.portable_kernels.* (after every op module)
 
 __version__ = "0.1.0"
 
