@@ -6,6 +6,7 @@ strict layout mode and the implicit-conversion counter, the value types and the 
 """
 
 from .block_cast import block_cast
+from .contiguous_layout import set_mk_alignment_for_contiguous_layout
 from .contract import OpContract, QuantArg, Tolerance, contracts, get_contract
 from .conversions import (ImplicitConversionWarning, count_implicit_conversions, implicit_conversions,
                           reset_implicit_conversions, strict_layouts)
@@ -17,7 +18,7 @@ from .errors import (BackendUnavailableError, ContractError, EPTimeoutError, Lay
 from .formats import PLAIN, Format
 from .fp4 import fp8_fp4_gemm_nt, per_token_cast_to_fp4, swiglu_forward_and_per_token_cast
 from .gemm import bf16_gemm_nt, fp8_gemm_nt
-from .grouped_gemm import (get_m_alignment_for_contiguous_layout, m_grouped_bf16_gemm_nt_contiguous,
+from .grouped_gemm import (get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout, m_grouped_bf16_gemm_nt_contiguous,
                            m_grouped_bf16_gemm_nt_masked, m_grouped_fp8_gemm_nt_contiguous,
                            m_grouped_fp8_gemm_nt_masked)
 from .mla import MlaMetadata, flash_mla_with_kvcache, get_mla_metadata
@@ -45,7 +46,8 @@ __all__ = [
     "aux_fi", "group_count", "inplace_unique_group_indices", "map_to_physical_experts", "mask_indices_by_tp",
     "topk_gate", "topk_sum_and_topk_group_idx", "block_cast", "swiglu_forward",
     "fp8_fp4_gemm_nt", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast",
-    "get_m_alignment_for_contiguous_layout", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
+    "get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout",
+    "set_mk_alignment_for_contiguous_layout", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
     "MlaMetadata", "flash_mla_with_kvcache", "get_mla_metadata",
     "Backend", "BackendUnavailableError", "EPTimeoutError", "Format", "Inputs", "Limit", "PLAIN", "ContractError", "ImplicitConversionWarning", "LayoutError",
