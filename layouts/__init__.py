@@ -41,7 +41,8 @@ from .constants import (
 )
 from .errors import LayoutConversionError
 from .format import ELEMENTS, PLAIN, Decoded, Encoded, Format, format_named, known_formats
-from .fp4 import E2M1_VALUES, e2m1_decode, e2m1_encode, fp4_scale_from_amax, pack_e2m1, unpack_e2m1
+from .fp4 import (E2M1_VALUES, e2m1_decode, e2m1_encode, e2m1_encode_ties_toward_zero, fp4_scale_from_amax, pack_e2m1,
+                  unpack_e2m1)
 from .fp8_scales import (
     ascend_mx_byte_view,
     ascend_mx_decode,
@@ -165,6 +166,7 @@ __all__ = [
     "E2M1_VALUES",
     "e2m1_decode",
     "e2m1_encode",
+    "e2m1_encode_ties_toward_zero",
     "fp4_scale_from_amax",
     "pack_e2m1",
     "unpack_e2m1",

@@ -28,7 +28,7 @@ from .moe_routing import (FusedMapping, aux_fi, expand_to_fused, expand_to_fused
 from .numerics import calc_diff
 from .prepare import prepare_inputs
 from .providers import Inputs, Limit, Provider
-from .quantization import dequantize, per_block_cast_to_fp8, per_token_cast_to_fp8
+from .quantization import dequantize, per_block_cast_to_fp8, per_channel_cast_to_fp8, per_token_cast_to_fp8
 from .registry import Backend, Registry, available_backends, registry, use_backend
 from .swiglu import swiglu_forward
 from .tensors import LayoutTag, PreparedTensor, QuantTensor
@@ -53,7 +53,8 @@ __all__ = [
     "Backend", "BackendUnavailableError", "EPTimeoutError", "Format", "Inputs", "Limit", "PLAIN", "ContractError", "ImplicitConversionWarning", "LayoutError",
     "LayoutTag", "NoKernelError", "OpContract", "PortableKernelsError", "PreparedTensor", "Provider",
     "QuantArg", "QuantTensor", "Registry", "Tolerance", "available_backends", "bf16_gemm_nt", "calc_diff",
-    "contracts", "count_implicit_conversions", "dequantize", "fp8_gemm_nt", "get_contract", "implicit_conversions", "per_block_cast_to_fp8",
-    "per_token_cast_to_fp8", "prepare_inputs", "registry", "reset_implicit_conversions", "strict_layouts",
+    "contracts", "count_implicit_conversions", "dequantize", "fp8_gemm_nt", "get_contract", "implicit_conversions",
+    "per_block_cast_to_fp8", "per_channel_cast_to_fp8", "per_token_cast_to_fp8", "prepare_inputs", "registry",
+    "reset_implicit_conversions", "strict_layouts",
     "use_backend",
 ]

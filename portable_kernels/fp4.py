@@ -26,10 +26,10 @@ from .errors import ContractError, format_problem
 from .formats import PLAIN, Format
 from .gemm import GemmInputs, check_gemm_output, check_shared_k, fp8_gemm_nt_kernel, gemm_reference
 from .layouts.constants import FP4_E2M1_MAX, MX_BLOCK_K, SCALE_AMAX_FLOOR
-from .layouts.fp4 import e2m1_encode, fp4_scale_from_amax, pack_e2m1
+from .layouts.fp4 import e2m1_encode, e2m1_encode_ties_toward_zero, fp4_scale_from_amax, pack_e2m1
 from .providers import Inputs
-from .quantization import (FLOAT_INPUT_DTYPES, PLAIN_OUTPUT, CastInputs, check_float_input, consumer,
-                           quantize_blocks_reference, quantized_result, refusing_nonfinite_ue8m0)
+from .quantization import (FLOAT_INPUT_DTYPES, PLAIN_OUTPUT, CastInputs, check_convention, check_float_input, consumer,
+                           quantize_blocks_reference, quantized_result, refusing_nonfinite_ue8m0, scale_blocks)
 from .tensors import PreparedTensor, QuantTensor, cdiv, describe
 
 #: dtypes DeepGEMM-style raw FP4 tuples may carry their packed bytes in
@@ -45,15 +45,21 @@ CLAMP_COUNT_SLOTS = 3
 # -- reference math --------------------------------------------------------------------------------
 
 
-def quantize_fp4_reference(x: torch.Tensor, gran_k: int, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference math: x [..., M, K] (K even) -> (uint8 [..., M, K/2] packed E2M1, fp32 [..., M, ceil(K/gran_k)])."""
+def quantize_fp4_reference(x: torch.Tensor, gran_k: int, use_ue8m0: bool,
+                           convention: str = "portable") -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference math: x [..., M, K] (K even) -> (uint8 [..., M, K/2] packed E2M1, fp32 [..., M, ceil(K/gran_k)]).
+
+    convention "portable": x / sf, codes round to nearest with ties to even, sign kept (-0 exists);
+    "deep_gemm": x * (1/sf), codes by e2m1_encode_ties_toward_zero (ties toward zero, zero is +0).
+    """
     *lead, mn, k = x.shape
     bk = cdiv(k, gran_k)
     blocks = F.pad(x.float(), (0, bk * gran_k - k)).view(*lead, mn, bk, gran_k)
     amax = blocks.abs().amax(dim=-1).clamp_min(SCALE_AMAX_FLOOR)
     scale = fp4_scale_from_amax(amax) if use_ue8m0 else amax / FP4_E2M1_MAX
-    scaled = (blocks / scale[..., None]).view(*lead, mn, bk * gran_k)[..., :k]
-    return pack_e2m1(e2m1_encode(scaled)), scale.contiguous()
+    scaled = scale_blocks(blocks, scale[..., None], convention).view(*lead, mn, bk * gran_k)[..., :k]
+    encode = e2m1_encode if convention == "portable" else e2m1_encode_ties_toward_zero
+    return pack_e2m1(encode(scaled)), scale.contiguous()
 
 
 def swiglu_reference(x: torch.Tensor, row_weight: torch.Tensor | None = None,
@@ -128,7 +134,7 @@ class SwigluCastInputs(Inputs):
 def fp4_cast_kernel(call: CastInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference kernel of per_token_cast_to_fp4: PLAIN output."""
     with refusing_nonfinite_ue8m0("per_token_cast_to_fp4"):
-        return quantize_fp4_reference(call.x, call.granularity[1], call.use_ue8m0)
+        return quantize_fp4_reference(call.x, call.granularity[1], call.use_ue8m0, call.convention)
 
 
 def swiglu_forward_and_per_token_cast_kernel(call: SwigluCastInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +178,7 @@ def _check_finite_values(op: str, x: torch.Tensor) -> None:
 @public_op(PER_TOKEN_CAST_FP4)
 def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: bool = True, *,
                           prepare_for: str | Callable[..., Any] | None = None,
-                          arg: str = "b") -> QuantTensor | PreparedTensor:
+                          arg: str = "b", convention: str = "portable") -> QuantTensor | PreparedTensor:
     """Quantize per token to FP4: x bf16/fp16/fp32 [..., M, K] (K even) ->
     QuantTensor(element "e2m1": uint8 [..., M, K/2], fp32 [..., M, ceil(K/gran_k)]), granularity (1, gran_k).
 
@@ -181,7 +187,8 @@ def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: 
     Note the argument order: gran_k before use_ue8m0 (DeepGEMM's helper takes use_ue8m0 first), so
     pass both by keyword when porting. NaN/Inf inputs are refused (checked on CPU tensors).
     prepare_for / arg: as in per_token_cast_to_fp8; the default consumer argument is "b", the FP4
-    weight of fp8_fp4_gemm_nt.
+    weight of fp8_fp4_gemm_nt. convention: "portable" (x / sf, ties to even, sign kept) or
+    "deep_gemm" (x * (1/sf), ties toward zero, zero is +0), see quantize_fp4_reference.
     """
     if is_compiling():
         return compiled_call("per_token_cast_to_fp4", x, gran_k, use_ue8m0, prepare_for=prepare_for, arg=arg)
@@ -193,9 +200,10 @@ def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: 
     check_int(op, "gran_k", gran_k, 1, fix="pass e.g. gran_k=32 (keywords: per_token_cast_to_fp4(x, gran_k=32, "
                                            "use_ue8m0=True))")
     check_bool(op, "use_ue8m0", use_ue8m0)
+    check_convention(op, convention)
     _check_finite_values(op, x)
     target = consumer(prepare_for, arg)
-    return quantized_result(PER_TOKEN_CAST_FP4, lambda fmt: CastInputs(x, (1, gran_k), use_ue8m0, fmt),
+    return quantized_result(PER_TOKEN_CAST_FP4, lambda fmt: CastInputs(x, (1, gran_k), use_ue8m0, fmt, convention),
                             tuple(x.shape), (1, gran_k), use_ue8m0, "e2m1", target, arg)
 
 
