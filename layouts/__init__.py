@@ -65,6 +65,7 @@ from .fp8_scales import (
     sm100_ue8m0_encode,
     sm100_ue8m0_encode_from_blocks,
     tma_aligned_mn,
+    ue8m0_words_to_fp32,
 )
 from .kv_cache import (
     ascend_kv_to_flashmla,
@@ -162,6 +163,7 @@ __all__ = [
     "sm100_ue8m0_encode",
     "sm100_ue8m0_encode_from_blocks",
     "tma_aligned_mn",
+    "ue8m0_words_to_fp32",
     # fp4
     "E2M1_VALUES",
     "e2m1_decode",

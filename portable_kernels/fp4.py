@@ -27,6 +27,7 @@ from .formats import PLAIN, Format
 from .gemm import GemmInputs, check_gemm_output, check_shared_k, fp8_gemm_nt_kernel, gemm_reference
 from .layouts.constants import FP4_E2M1_MAX, MX_BLOCK_K, SCALE_AMAX_FLOOR
 from .layouts.fp4 import e2m1_encode, e2m1_encode_ties_toward_zero, fp4_scale_from_amax, pack_e2m1
+from .packed_scales import is_packed_scale, packed_scale_operand
 from .providers import Inputs
 from .quantization import (FLOAT_INPUT_DTYPES, PLAIN_OUTPUT, CastInputs, check_convention, check_float_input, consumer,
                            quantize_blocks_reference, quantized_result, refusing_nonfinite_ue8m0, scale_blocks)
@@ -212,11 +213,14 @@ def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: 
 
 def _fp4_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | PreparedTensor:
     """The logical view of an FP4 argument; a raw DeepGEMM tuple (packed int8/uint8 [N, K/2], fp32
-    [N, ceil(K/gran_k)]) becomes a QuantTensor with element "e2m1" and gran_k read off the shapes."""
+    [N, ceil(K/gran_k)] or DeepGEMM's packed int32 UE8M0 scales) becomes a QuantTensor with element
+    "e2m1" and gran_k read off the shapes."""
     if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, torch.Tensor) for v in value)
             and value[0].dtype in PACKED_FP4_DTYPES):
         return quant_operand(contract, arg, value)
     data, scale = value
+    if is_packed_scale(scale) and data.dim() == 2:
+        return packed_scale_operand(contract.name, arg, data.view(torch.uint8), scale, "e2m1", (MX_BLOCK_K, 128))
     if data.dim() != 2 or scale.dtype != torch.float32 or scale.dim() != 2 or scale.shape[0] != data.shape[0]:
         raise ContractError(format_problem(contract.name, arg, f"scale {describe(scale)} for data {describe(data)}",
                                            "fp32 scales [N, ceil(K/gran_k)] for packed data [N, K/2]",
