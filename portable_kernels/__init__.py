@@ -18,6 +18,7 @@ from .errors import (BackendUnavailableError, ContractError, EPTimeoutError, Lay
 from .formats import PLAIN, Format
 from .fp4 import fp8_fp4_gemm_nt, per_token_cast_to_fp4, swiglu_forward_and_per_token_cast
 from .gemm import bf16_gemm_nt, fp8_gemm_nt
+from .gemm_transposed import bf16_gemm_nn, bf16_gemm_tn, bf16_gemm_tt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
 from .grouped_gemm import (get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout, m_grouped_bf16_gemm_nt_contiguous,
                            m_grouped_bf16_gemm_nt_masked, m_grouped_fp8_gemm_nt_contiguous,
                            m_grouped_fp8_gemm_nt_masked)
@@ -45,6 +46,7 @@ __all__ = [
     "reduce_fused", "top2_sum_gate", "topk",
     "aux_fi", "group_count", "inplace_unique_group_indices", "map_to_physical_experts", "mask_indices_by_tp",
     "topk_gate", "topk_sum_and_topk_group_idx", "block_cast", "swiglu_forward",
+    "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
     "fp8_fp4_gemm_nt", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast",
     "get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout",
     "set_mk_alignment_for_contiguous_layout", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
