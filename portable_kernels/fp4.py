@@ -211,22 +211,24 @@ def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: 
 # -- fp8_fp4_gemm_nt -------------------------------------------------------------------------------
 
 
-def _fp4_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | PreparedTensor:
-    """The logical view of an FP4 argument; a raw DeepGEMM tuple (packed int8/uint8 [N, K/2], fp32
-    [N, ceil(K/gran_k)] or DeepGEMM's packed int32 UE8M0 scales) becomes a QuantTensor with element
-    "e2m1" and gran_k read off the shapes."""
+def fp4_operand(contract: OpContract, arg: str, value: Any, dims: int = 2) -> QuantTensor | PreparedTensor:
+    """The logical view of an FP4 argument; a raw DeepGEMM tuple (packed int8/uint8 [(G,) N, K/2],
+    fp32 [(G,) N, ceil(K/gran_k)] or DeepGEMM's packed int32 UE8M0 scales) becomes a QuantTensor with
+    element "e2m1" and gran_k read off the shapes; `dims` is 2, or 3 for grouped weights."""
     if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, torch.Tensor) for v in value)
             and value[0].dtype in PACKED_FP4_DTYPES):
         return quant_operand(contract, arg, value)
     data, scale = value
-    if is_packed_scale(scale) and data.dim() == 2:
+    if is_packed_scale(scale) and data.dim() == dims:
         return packed_scale_operand(contract.name, arg, data.view(torch.uint8), scale, "e2m1", (MX_BLOCK_K, 128))
-    if data.dim() != 2 or scale.dtype != torch.float32 or scale.dim() != 2 or scale.shape[0] != data.shape[0]:
+    if data.dim() != dims or scale.dtype != torch.float32 or scale.dim() != dims \
+            or tuple(scale.shape[:-1]) != tuple(data.shape[:-1]):
+        lead = "[G, N, " if dims == 3 else "[N, "
         raise ContractError(format_problem(contract.name, arg, f"scale {describe(scale)} for data {describe(data)}",
-                                           "fp32 scales [N, ceil(K/gran_k)] for packed data [N, K/2]",
+                                           f"fp32 scales {lead}ceil(K/gran_k)] for packed data {lead}K/2]",
                                            "pass the logical fp32 scales of per_token_cast_to_fp4"))
-    k = data.shape[1] * 2
-    gran_k = next((g for g in FP8_FP4_GRAN_K if cdiv(k, g) == scale.shape[1]), None)
+    k = data.shape[-1] * 2
+    gran_k = next((g for g in FP8_FP4_GRAN_K if cdiv(k, g) == scale.shape[-1]), None)
     if gran_k is None:
         raise ContractError(format_problem(contract.name, arg, f"scale of shape {tuple(scale.shape)} for K = {k}",
                                            f"ceil(K/gran_k) columns with gran_k in {FP8_FP4_GRAN_K}",
@@ -234,7 +236,7 @@ def _fp4_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | Pr
     return QuantTensor(data.view(torch.uint8), scale, (1, gran_k), element="e2m1")
 
 
-def _check_recipes(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor | PreparedTensor, recipe: Any,
+def check_recipes(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor | PreparedTensor, recipe: Any,
                    recipe_a: Any, recipe_b: Any) -> None:
     ga, gb = tuple(a.granularity), tuple(b.granularity)
     if recipe is not None:
@@ -284,9 +286,9 @@ def fp8_fp4_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = No
         return compiled_call("fp8_fp4_gemm_nt", a, b, d, c, recipe, recipe_a, recipe_b)
     op = FP8_FP4_GEMM_NT.name
     qa = quant_operand(FP8_FP4_GEMM_NT, "a", a)
-    qb = _fp4_operand(FP8_FP4_GEMM_NT, "b", b)
+    qb = fp4_operand(FP8_FP4_GEMM_NT, "b", b)
     _check_fp8_fp4_operands(op, qa, qb)
-    _check_recipes(op, qa, qb, recipe, recipe_a, recipe_b)
+    check_recipes(op, qa, qb, recipe, recipe_a, recipe_b)
     check_gemm_output(op, d, c, (qa.shape[0], qb.shape[0]), qa.device)
     run(FP8_FP4_GEMM_NT, GemmInputs(qa, qb, d, c))
 

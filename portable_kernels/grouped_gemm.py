@@ -228,7 +228,7 @@ get_mk_alignment_for_contiguous_layout = get_m_alignment_for_contiguous_layout
 # -- validation (every check runs before anything is launched) ---------------------------------------
 
 
-def _check_host_int(op: str, arg: str, value: Any, optional: bool = False) -> None:
+def check_host_int(op: str, arg: str, value: Any, optional: bool = False) -> None:
     if optional and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -237,7 +237,7 @@ def _check_host_int(op: str, arg: str, value: Any, optional: bool = False) -> No
                                            "pass the expected rows per group as a Python int, e.g. 128"))
 
 
-def _check_index_vector(op: str, arg: str, t: Any, length: int, what: str, device: torch.device, fix: str) -> None:
+def check_index_vector(op: str, arg: str, t: Any, length: int, what: str, device: torch.device, fix: str) -> None:
     if not isinstance(t, torch.Tensor) or t.dtype != INDEX_DTYPE or t.dim() != 1:
         raise ContractError(format_problem(op, arg, describe(t), f"a 1-D int32 tensor {what}", fix))
     if t.shape[0] != length:
@@ -247,7 +247,7 @@ def _check_index_vector(op: str, arg: str, t: Any, length: int, what: str, devic
                                            f"move {arg} to the operands' device"))
 
 
-def _check_shapes(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], masked: bool) -> None:
+def check_grouped_shapes(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], masked: bool) -> None:
     a_dims = 3 if masked else 2
     a_names = "[G, max_m, K]" if masked else "[M, K]"
     if len(a_shape) != a_dims:
@@ -270,7 +270,7 @@ def _check_fp8_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor
         if t.element != "e4m3":
             raise ContractError(format_problem(op, arg, f"{t.element} data", "fp8 e4m3 data",
                                                "quantize with per_token_cast_to_fp8 / per_block_cast_to_fp8"))
-    _check_shapes(op, tuple(a.shape), tuple(b.shape), masked)
+    check_grouped_shapes(op, tuple(a.shape), tuple(b.shape), masked)
     if b.device != a.device:
         raise ContractError(format_problem(op, "b", f"on {b.device}", f"on {a.device} like a", "move b to a's device"))
     ga, gb = a.granularity, b.granularity
@@ -289,7 +289,7 @@ def _check_bf16_operands(op: str, a: Any, b: Any, masked: bool) -> None:
         if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16:
             raise ContractError(format_problem(op, arg, describe(t), "a bfloat16 tensor",
                                                f"pass {arg} as bf16 ({arg}.to(torch.bfloat16))"))
-    _check_shapes(op, tuple(a.shape), tuple(b.shape), masked)
+    check_grouped_shapes(op, tuple(a.shape), tuple(b.shape), masked)
     if b.device != a.device:
         raise ContractError(format_problem(op, "b", f"on {b.device}", f"on {a.device} like a", "move b to a's device"))
 
@@ -298,11 +298,11 @@ def _check_contiguous_layout(op: str, grouped_layout: Any, use_psum_layout: bool
                              total_m: int, num_groups: int, device: torch.device) -> None:
     check_bool(op, "use_psum_layout", use_psum_layout)
     if use_psum_layout:
-        _check_index_vector(op, "m_indices", grouped_layout, num_groups, "of G cumulative end rows (psum layout)",
+        check_index_vector(op, "m_indices", grouped_layout, num_groups, "of G cumulative end rows (psum layout)",
                             device, _PSUM_FIX)
-        _check_host_int(op, "expected_m_for_psum_layout", expected_m, optional=True)
+        check_host_int(op, "expected_m_for_psum_layout", expected_m, optional=True)
         return
-    _check_index_vector(op, "m_indices", grouped_layout, total_m, "with the group of each row of A",
+    check_index_vector(op, "m_indices", grouped_layout, total_m, "with the group of each row of A",
                         device, _LAYOUT_FIX)
     if expected_m is not None:
         raise ContractError(format_problem(op, "expected_m_for_psum_layout", repr(expected_m),
@@ -353,7 +353,7 @@ def _check_psum_values(op: str, psum: torch.Tensor, total_m: int, alignment: int
                                            "allocate A with at least psum[-1] rows"))
 
 
-def _check_masked_m_values(op: str, masked_m: torch.Tensor, max_m: int) -> None:
+def check_masked_m_values(op: str, masked_m: torch.Tensor, max_m: int) -> None:
     bad = (masked_m < 0) | (masked_m > max_m)
     if bool(bad.any()):
         g = int(torch.nonzero(bad)[0])
@@ -450,11 +450,11 @@ def m_grouped_fp8_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: torc
     _check_fp8_operands(op, qa, qb, recipe, masked=True)
     (g, max_m, _), n = qa.shape, qb.shape[1]
     check_gemm_output(op, d, None, (g, max_m, n), qa.device)
-    _check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", qa.device,
+    check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", qa.device,
                         "pass torch.tensor(counts, dtype=torch.int32)")
-    _check_host_int(op, "expected_m", expected_m)
+    check_host_int(op, "expected_m", expected_m)
     if checks_values(masked_m):
-        _check_masked_m_values(op, masked_m, max_m)
+        check_masked_m_values(op, masked_m, max_m)
     run(M_GROUPED_FP8_MASKED, MaskedGroupedInputs(qa, qb, d, masked_m, expected_m))
 
 
@@ -494,9 +494,9 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     _check_bf16_operands(op, a, b, masked=True)
     (g, max_m, _), n = a.shape, b.shape[1]
     check_gemm_output(op, d, None, (g, max_m, n), a.device)
-    _check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", a.device,
+    check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", a.device,
                         "pass torch.tensor(counts, dtype=torch.int32)")
-    _check_host_int(op, "expected_m", expected_m)
+    check_host_int(op, "expected_m", expected_m)
     if checks_values(masked_m):
-        _check_masked_m_values(op, masked_m, max_m)
+        check_masked_m_values(op, masked_m, max_m)
     run(M_GROUPED_BF16_MASKED, MaskedGroupedInputs(a, b, d, masked_m, expected_m))
