@@ -23,6 +23,8 @@ from .grouped_fp4 import m_grouped_fp8_fp4_gemm_nt_contiguous, m_grouped_fp8_fp4
 from .grouped_gemm import (get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout, m_grouped_bf16_gemm_nt_contiguous,
                            m_grouped_bf16_gemm_nt_masked, m_grouped_fp8_gemm_nt_contiguous,
                            m_grouped_fp8_gemm_nt_masked)
+from .k_grouped_gemm import (k_grouped_bf16_gemm_tn_contiguous, k_grouped_fp8_gemm_nt_contiguous,
+                             k_grouped_fp8_gemm_tn_contiguous)
 from .mla import MlaMetadata, flash_mla_with_kvcache, get_mla_metadata
 from .moe_routing import (FusedMapping, aux_fi, expand_to_fused, expand_to_fused_with_sf, get_fused_mapping, group_count,
                           inplace_unique_group_indices, map_to_physical_experts, mask_indices_by_tp, normalize_weight,
@@ -53,6 +55,7 @@ __all__ = [
     "set_mk_alignment_for_contiguous_layout", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
     "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked",
+    "k_grouped_bf16_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
     "MlaMetadata", "flash_mla_with_kvcache", "get_mla_metadata",
     "Backend", "BackendUnavailableError", "EPTimeoutError", "Format", "Inputs", "Limit", "PLAIN", "ContractError", "ImplicitConversionWarning", "LayoutError",
     "LayoutTag", "NoKernelError", "OpContract", "PortableKernelsError", "PreparedTensor", "Provider",
