@@ -5,6 +5,7 @@ Public API: quantization (per_token_cast_to_fp8, per_block_cast_to_fp8, dequanti
 strict layout mode and the implicit-conversion counter, the value types and the errors.
 """
 
+from .attention import flash_attn_varlen_func, flash_mla_sparse_fwd
 from .block_cast import block_cast
 from .contiguous_layout import set_mk_alignment_for_contiguous_layout
 from .contract import OpContract, QuantArg, Tolerance, contracts, get_contract
@@ -56,7 +57,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
     "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked",
     "k_grouped_bf16_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
-    "MlaMetadata", "flash_mla_with_kvcache", "get_mla_metadata",
+    "MlaMetadata", "flash_mla_with_kvcache", "get_mla_metadata", "flash_attn_varlen_func", "flash_mla_sparse_fwd",
     "Backend", "BackendUnavailableError", "EPTimeoutError", "Format", "Inputs", "Limit", "PLAIN", "ContractError", "ImplicitConversionWarning", "LayoutError",
     "LayoutTag", "NoKernelError", "OpContract", "PortableKernelsError", "PreparedTensor", "Provider",
     "QuantArg", "QuantTensor", "Registry", "Tolerance", "available_backends", "bf16_gemm_nt", "calc_diff",
