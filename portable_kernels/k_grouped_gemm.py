@@ -270,13 +270,15 @@ def k_grouped_fp8_gemm_tn_contiguous(a: Any, b: Any, d: torch.Tensor, ks_cpu: li
 @public_op(K_GROUPED_FP8_NT)
 def k_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, ks_cpu: list[int],
                                      grouped_layout: torch.Tensor, c: torch.Tensor | None = None,
-                                     recipe: tuple[int, int, int] = (1, 1, 128)) -> None:
+                                     recipe: tuple[int, int, int] = (1, 1, 128), *,
+                                     use_psum_layout: bool = False) -> None:
     """d[g] = c[g] + A_g·B_gᵀ per group, A_g [M, K_g] and B_g [N, K_g] stored K-major one after another.
 
     a: (flat fp8 [sum_K * M], fp32 [M, sum_g ceil(K_g/128)]); b likewise with N; d fp32 [G, M, N];
-    ks_cpu / grouped_layout: K of each group (no psum form); recipe: (1, 1, 128)
+    ks_cpu / grouped_layout: K of each group; use_psum_layout must stay False (no psum form, as in
+    DeepGEMM); recipe: (1, 1, 128)
     """
-    _run(K_GROUPED_FP8_NT, "nt", True, a, b, d, ks_cpu, grouped_layout, c, recipe, False)
+    _run(K_GROUPED_FP8_NT, "nt", True, a, b, d, ks_cpu, grouped_layout, c, recipe, use_psum_layout)
 
 
 @public_op(K_GROUPED_BF16_TN)
