@@ -478,3 +478,35 @@ def test_alignment_and_sm_settings():
     deep_gemm.set_num_sms(1)
     assert deep_gemm.get_num_sms() == 1
     deep_gemm.set_num_sms(sms)
+
+
+#: DeepGEMM 2.6.1's public names in scope (docs/porting.md lists what is out of scope and why)
+DEEPGEMM_SCOPE = """
+fp8_gemm_nt fp8_gemm_nn fp8_gemm_tn fp8_gemm_tt fp8_fp4_gemm_nt fp8_fp4_gemm_nn fp8_fp4_gemm_tn fp8_fp4_gemm_tt
+bf16_gemm_nt bf16_gemm_nn bf16_gemm_tn bf16_gemm_tt cublaslt_gemm_nt cublaslt_gemm_nn cublaslt_gemm_tn cublaslt_gemm_tt
+m_grouped_fp8_gemm_nt_contiguous m_grouped_fp8_gemm_nn_contiguous m_grouped_fp8_gemm_nt_masked
+m_grouped_fp8_fp4_gemm_nt_contiguous m_grouped_fp8_fp4_gemm_nn_contiguous m_grouped_fp8_fp4_gemm_nt_masked
+m_grouped_bf16_gemm_nt_contiguous m_grouped_bf16_gemm_nn_contiguous m_grouped_bf16_gemm_nt_masked
+k_grouped_fp8_gemm_tn_contiguous k_grouped_fp8_gemm_nt_contiguous k_grouped_bf16_gemm_tn_contiguous
+fp8_m_grouped_gemm_nt_masked bf16_m_grouped_gemm_nt_masked
+per_token_cast_to_fp8 per_channel_cast_to_fp8 per_block_cast_to_fp8 per_custom_dims_cast_to_fp8 per_token_cast_to_fp4
+transpose_packed_fp4 cast_back_from_fp4 pack_ue8m0_to_int unpack_ue8m0_from_int ceil_div align ceil_to_ue8m0
+get_tma_aligned_size get_mn_major_tma_aligned_tensor get_col_major_tma_aligned_tensor
+get_mn_major_tma_aligned_packed_ue8m0_tensor get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor
+transform_sf_into_required_layout get_mk_alignment_for_contiguous_layout set_mk_alignment_for_contiguous_layout
+get_theoretical_mk_alignment_for_contiguous_layout get_m_alignment_for_contiguous_layout
+get_k_alignment_for_contiguous_layout get_num_sms set_num_sms testing.calc_diff testing.count_bytes
+""".split()
+NOT_PROVIDED = {"per_custom_dims_cast_to_fp8", "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor"}
+
+
+def test_public_names_in_scope_are_provided_except_the_documented_two():
+    def has(name):
+        obj = deep_gemm
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+        return callable(obj)
+
+    provided = {name for name in DEEPGEMM_SCOPE if has(name)}
+    assert len(DEEPGEMM_SCOPE) == 57 and set(DEEPGEMM_SCOPE) - provided == NOT_PROVIDED
+    assert deep_gemm.fp8_gemm_nt is deep_gemm.fp8_fp4_gemm_nt  # one function, as in DeepGEMM
