@@ -69,6 +69,10 @@ class KGroupedInputs(Inputs):
         g, m, n = self.d.shape
         return {"G": g, "M": m, "N": n, "alignment": self.alignment, "gran_k": self.gran_k}
 
+    def signature(self) -> tuple:
+        """As every inputs value's, without `ks`: the K sizes are sizes, not a selection key."""
+        return Inputs.signature(self.replace(ks=None))
+
 
 def group_spans(grouped_layout: torch.Tensor, ks: tuple | None, use_psum_layout: bool,
                 alignment: int) -> list[tuple[int, int]]:
