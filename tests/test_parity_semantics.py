@@ -74,7 +74,7 @@ def test_transposed_gemm_prepared_nt_views_convert_nothing():
     pk.fp8_gemm_nn(prepared["a"], prepared["b"], d)
     assert pk.implicit_conversions() == 0
     pk.fp8_gemm_nt(a, b, ref)
-    assert torch.equal(d, ref)
+    assert pk.calc_diff(d, ref) < 1e-6  # the nt GEMM may run another provider (another summation order)
 
 
 def test_transposed_gemm_refuses_fp4_in_a_transposed_slot():
