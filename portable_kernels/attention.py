@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from .checks import check_bool, check_tensor, is_int
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, Tolerance, checks_values, public_op, register_contract
 from .dispatch import run
 from .errors import ContractError, format_problem
@@ -182,6 +183,8 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
     attn_sink: None or fp32 [h_q]; topk_length: None or int32 [s_q] (only indices[i, :, :topk_length[i]])
     Returns (out [s_q, h_q, d_v] of q's dtype, max_logits fp32 [s_q, h_q], lse fp32 [s_q, h_q]).
     """
+    if is_compiling():
+        return compiled_call("flash_mla_sparse_fwd", q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
     op = FLASH_MLA_SPARSE_FWD.name
     if not isinstance(q, torch.Tensor) or q.dtype not in PREFILL_DTYPES or q.dim() != 3 or q.shape[2] not in QK_HEAD_DIMS:
         raise ContractError(format_problem(op, "q", describe(q), f"bf16/fp16 [s_q, h_q, d] with d in {QK_HEAD_DIMS}",
@@ -241,6 +244,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     softmax_scale: default d ** -0.5; causal: bottom-right aligned mask
     Returns (out [total_q, h_q, d_v] of q's dtype, lse fp32 [total_q, h_q]).
     """
+    if is_compiling():
+        return compiled_call("flash_attn_varlen_func", q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
+                             max_seqlen_kv, dropout_p, softmax_scale, causal, deterministic, is_varlen)
     op = FLASH_ATTN_VARLEN.name
     if not isinstance(q, torch.Tensor) or q.dtype not in PREFILL_DTYPES or q.dim() != 3:
         raise ContractError(format_problem(op, "q", describe(q), "bf16/fp16 [total_q, h_q, d]", "pass packed q"))

@@ -192,7 +192,8 @@ def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: 
     "deep_gemm" (x * (1/sf), ties toward zero, zero is +0), see quantize_fp4_reference.
     """
     if is_compiling():
-        return compiled_call("per_token_cast_to_fp4", x, gran_k, use_ue8m0, prepare_for=prepare_for, arg=arg)
+        return compiled_call("per_token_cast_to_fp4", x, gran_k, use_ue8m0, prepare_for=prepare_for, arg=arg,
+                             convention=convention)
     op = PER_TOKEN_CAST_FP4.name
     check_float_input(op, x, 2, 3)
     if x.shape[-1] % 2:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, QuantArg, Tolerance, public_op, quant_operand, register_contract
 from .dispatch import run
 from .errors import ContractError, format_problem
@@ -94,6 +95,8 @@ def _bf16(layout: str, a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None) 
 def fp8_gemm_nn(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None) -> None:
     """D = C + A·B with block-scaled FP8 operands: a (fp8 [M, K], fp32 [M, ceil(K/128)]),
     b stored [K, N]: (fp8 [K, N], fp32 [ceil(K/128), ceil(N/128)]); d bf16/fp32 [M, N]."""
+    if is_compiling():
+        return compiled_call("fp8_gemm_nn", a, b, d, c, recipe)
     _fp8("nn", a, b, d, c, recipe)
 
 
@@ -101,6 +104,8 @@ def fp8_gemm_nn(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, 
 def fp8_gemm_tn(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None) -> None:
     """D = C + Aᵀ·B: a stored [K, M] (fp8 [K, M], fp32 [ceil(K/128), M]), b stored [K, N]
     (fp8 [K, N], fp32 [ceil(K/128), ceil(N/128)]); d bf16/fp32 [M, N]."""
+    if is_compiling():
+        return compiled_call("fp8_gemm_tn", a, b, d, c, recipe)
     _fp8("tn", a, b, d, c, recipe)
 
 
@@ -108,22 +113,30 @@ def fp8_gemm_tn(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, 
 def fp8_gemm_tt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None) -> None:
     """D = C + Aᵀ·Bᵀ: a stored [K, M] (fp8 [K, M], fp32 [ceil(K/128), M]), b (fp8 [N, K],
     fp32 [ceil(N/128), ceil(K/128)]); d bf16/fp32 [M, N]."""
+    if is_compiling():
+        return compiled_call("fp8_gemm_tt", a, b, d, c, recipe)
     _fp8("tt", a, b, d, c, recipe)
 
 
 @public_op(BF16_GEMM_NN)
 def bf16_gemm_nn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     """D = C + A·B in bf16 (fp32 accumulation): a [M, K], b [K, N], d bf16/fp32 [M, N]."""
+    if is_compiling():
+        return compiled_call("bf16_gemm_nn", a, b, d, c)
     _bf16("nn", a, b, d, c)
 
 
 @public_op(BF16_GEMM_TN)
 def bf16_gemm_tn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     """D = C + Aᵀ·B in bf16 (fp32 accumulation): a [K, M], b [K, N], d bf16/fp32 [M, N]."""
+    if is_compiling():
+        return compiled_call("bf16_gemm_tn", a, b, d, c)
     _bf16("tn", a, b, d, c)
 
 
 @public_op(BF16_GEMM_TT)
 def bf16_gemm_tt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     """D = C + Aᵀ·Bᵀ in bf16 (fp32 accumulation): a [K, M], b [N, K], d bf16/fp32 [M, N]."""
+    if is_compiling():
+        return compiled_call("bf16_gemm_tt", a, b, d, c)
     _bf16("tt", a, b, d, c)

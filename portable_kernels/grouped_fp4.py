@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, QuantArg, Tolerance, checks_values, public_op, quant_operand, register_contract
 from .dispatch import run
 from .errors import ContractError, format_problem
@@ -69,6 +70,10 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indi
     d, m_indices, use_psum_layout, expected_m_for_psum_layout, ensure_zero_padding: as in
        m_grouped_fp8_gemm_nt_contiguous; recipe / recipe_a / recipe_b: as in fp8_fp4_gemm_nt
     """
+    if is_compiling():
+        return compiled_call("m_grouped_fp8_fp4_gemm_nt_contiguous", a, b, d, m_indices, recipe, recipe_a, recipe_b,
+                             use_psum_layout=use_psum_layout, expected_m_for_psum_layout=expected_m_for_psum_layout,
+                             ensure_zero_padding=ensure_zero_padding)
     contract = M_GROUPED_FP8_FP4_CONTIGUOUS
     qa, qb = _operands(contract, a, b, recipe, recipe_a, recipe_b, masked=False)
     check_gemm_output(contract.name, d, None, (qa.shape[0], qb.shape[1]), qa.device)
@@ -84,6 +89,9 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: 
     fp32 [G, N, ceil(K/32)]); d, masked_m, expected_m: as in m_grouped_fp8_gemm_nt_masked (rows >=
     masked_m[g] untouched); recipe / recipe_a / recipe_b: as in fp8_fp4_gemm_nt
     """
+    if is_compiling():
+        return compiled_call("m_grouped_fp8_fp4_gemm_nt_masked", a, b, d, masked_m, expected_m, recipe, recipe_a,
+                             recipe_b)
     contract = M_GROUPED_FP8_FP4_MASKED
     op = contract.name
     qa, qb = _operands(contract, a, b, recipe, recipe_a, recipe_b, masked=True)

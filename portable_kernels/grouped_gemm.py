@@ -419,7 +419,8 @@ def m_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indices:
     """
     if is_compiling():
         return compiled_call("m_grouped_fp8_gemm_nt_contiguous", a, b, d, m_indices, recipe,
-                             use_psum_layout=use_psum_layout, expected_m_for_psum_layout=expected_m_for_psum_layout)
+                             use_psum_layout=use_psum_layout, expected_m_for_psum_layout=expected_m_for_psum_layout,
+                             ensure_zero_padding=ensure_zero_padding)
     op = M_GROUPED_FP8_CONTIGUOUS.name
     qa = quant_operand(M_GROUPED_FP8_CONTIGUOUS, "a", a)
     qb = quant_operand(M_GROUPED_FP8_CONTIGUOUS, "b", b)
@@ -471,7 +472,8 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     """
     if is_compiling():
         return compiled_call("m_grouped_bf16_gemm_nt_contiguous", a, b, d, m_indices, use_psum_layout=use_psum_layout,
-                             expected_m_for_psum_layout=expected_m_for_psum_layout)
+                             expected_m_for_psum_layout=expected_m_for_psum_layout,
+                             ensure_zero_padding=ensure_zero_padding)
     op = M_GROUPED_BF16_CONTIGUOUS.name
     _check_bf16_operands(op, a, b, masked=False)
     (m, _), (_, n, _) = a.shape, b.shape

@@ -31,6 +31,7 @@ import torch
 
 from .checks import check_bool, check_tensor, is_int
 from .contiguous_layout import contiguous_alignment
+from .compiled import compiled_call, is_compiling
 from .contract import OpContract, Tolerance, checks_values, public_op, register_contract
 from .dispatch import run, selection_for
 from .errors import ContractError, format_problem
@@ -268,6 +269,9 @@ def k_grouped_fp8_gemm_tn_contiguous(a: Any, b: Any, d: torch.Tensor, ks_cpu: li
     ks_cpu: K of each group (Python ints); grouped_layout: int32 [G], the same K (or psum end rows)
     c: None or fp32 [G, M, N] (may be d itself); recipe: (1, 1, gran_k), gran_k 32 or 128
     """
+    if is_compiling():
+        return compiled_call("k_grouped_fp8_gemm_tn_contiguous", a, b, d, ks_cpu, grouped_layout, c, recipe,
+                             use_psum_layout=use_psum_layout)
     _run(K_GROUPED_FP8_TN, "tn", True, a, b, d, ks_cpu, grouped_layout, c, recipe, use_psum_layout)
 
 
@@ -282,6 +286,9 @@ def k_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, ks_cpu: li
     ks_cpu / grouped_layout: K of each group; use_psum_layout must stay False (no psum form, as in
     DeepGEMM); recipe: (1, 1, 128)
     """
+    if is_compiling():
+        return compiled_call("k_grouped_fp8_gemm_nt_contiguous", a, b, d, ks_cpu, grouped_layout, c, recipe,
+                             use_psum_layout=use_psum_layout)
     _run(K_GROUPED_FP8_NT, "nt", True, a, b, d, ks_cpu, grouped_layout, c, recipe, use_psum_layout)
 
 
@@ -291,4 +298,7 @@ def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
                                       use_psum_layout: bool = False) -> None:
     """d[g] = c[g] + A_gᵀ·B_g in bf16 with fp32 accumulation: a bf16 [sum_K, M], b bf16 [sum_K, N],
     d fp32 [G, M, N]; ks_cpu / grouped_layout / use_psum_layout as in k_grouped_fp8_gemm_tn_contiguous."""
+    if is_compiling():
+        return compiled_call("k_grouped_bf16_gemm_tn_contiguous", a, b, d, ks_cpu, grouped_layout, c,
+                             use_psum_layout=use_psum_layout)
     _run(K_GROUPED_BF16_TN, "tn", False, a, b, d, ks_cpu, grouped_layout, c, None, use_psum_layout)

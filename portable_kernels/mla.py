@@ -495,6 +495,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     if is_compiling():
         return compiled_call("flash_mla_with_kvcache", q, k_cache, block_table, cache_seqlens, head_dim_v,
                              tile_scheduler_metadata, num_splits, softmax_scale, causal, is_fp8_kvcache, indices,
+                             attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length,
                              out=out, lse=lse)
     op = FLASH_MLA_WITH_KVCACHE.name
     if not isinstance(q, torch.Tensor) or q.dtype not in Q_DTYPES or q.dim() != 4 or q.shape[3] not in QK_HEAD_DIMS:

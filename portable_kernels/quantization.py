@@ -246,7 +246,8 @@ def per_token_cast_to_fp8(x: torch.Tensor, gran_k: int = 128, use_ue8m0: bool = 
     The result behaves like the pair (data, scale): q[0], q[1], len(q) == 2, unpacking.
     """
     if is_compiling():
-        return compiled_call("per_token_cast_to_fp8", x, gran_k, use_ue8m0, prepare_for=prepare_for, arg=arg)
+        return compiled_call("per_token_cast_to_fp8", x, gran_k, use_ue8m0, prepare_for=prepare_for, arg=arg,
+                             convention=convention)
     check_float_input(PER_TOKEN_CAST.name, x, 2, 3)
     check_int(PER_TOKEN_CAST.name, "gran_k", gran_k, 1, fix="pass e.g. 128")
     return _cast(PER_TOKEN_CAST, x, (1, gran_k), use_ue8m0, prepare_for, arg, convention)
@@ -281,6 +282,8 @@ def per_channel_cast_to_fp8(x: torch.Tensor, gran_k: int = 128, use_ue8m0: bool 
     stored K x N (N contiguous) and every column gets one scale per gran_k rows. K need not be a
     multiple of gran_k (the last block is partial). convention as in per_token_cast_to_fp8.
     """
+    if is_compiling():
+        return compiled_call("per_channel_cast_to_fp8", x, gran_k, use_ue8m0, convention=convention)
     check_float_input(PER_CHANNEL_CAST.name, x, 2, 3)
     check_int(PER_CHANNEL_CAST.name, "gran_k", gran_k, 1, fix="pass e.g. 128")
     return _cast(PER_CHANNEL_CAST, x, (gran_k, 1), use_ue8m0, None, "a", convention)

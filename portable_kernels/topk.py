@@ -206,9 +206,9 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: None = Non
     Returns (values: input.dtype [b, topk] | None, indices: indices_type [b, topk]).
     """
     if is_compiling():
-        return compiled_call("topk", input, topk, sorted, begin, end, indices_type, sorted_index,
-                             idx_oob_fill_value=idx_oob_fill_value, value_oob_fill_value=value_oob_fill_value,
-                             return_value=return_value)
+        return compiled_call("topk", input, topk, sorted, begin, end, indices_type, sorted_index, hint, output_idx,
+                             output_idx_offset, idx_oob_fill_value, value_oob_fill_value, return_value,
+                             abort_when_nan_found)
     op = TOPK.name
     _check_input(op, input)
     b, n = input.shape
@@ -239,7 +239,7 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: None = Non
         _check_value_fill(op, value_oob_fill_value, input.dtype)
     if end is not None:
         _check_end(op, end, b, n, input.device)
-    _check_outputs(op, output_idx, output_idx_offset, b, topk, indices_type, input.device)
+    check_outputs(op, output_idx, output_idx_offset, b, topk, indices_type, input.device)
     source = input if abort_when_nan_found else torch.nan_to_num(input, nan=float("-inf"), posinf=math.inf,
                                                                  neginf=-math.inf)
     values, indices = run(TOPK, TopkInputs(source, topk, end, sorted, sorted_index, indices_type, idx_oob_fill_value,
@@ -268,7 +268,7 @@ def _valid_counts(end: torch.Tensor | None, b: int, n: int, topk: int, device: t
     return lengths.clamp(max=topk)[:, None]
 
 
-def _check_outputs(op: str, output_idx: Any, output_idx_offset: Any, b: int, topk: int, indices_type: torch.dtype,
+def check_outputs(op: str, output_idx: Any, output_idx_offset: Any, b: int, topk: int, indices_type: torch.dtype,
                    device: torch.device) -> None:
     if output_idx is not None:
         if not isinstance(output_idx, torch.Tensor) or output_idx.dtype != indices_type:
