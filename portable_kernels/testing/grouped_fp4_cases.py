@@ -18,7 +18,7 @@ from ..prepare import prepare_inputs
 from ..quantization import dequantize_reference, quantize_blocks_reference
 from ..tensors import QuantTensor
 from .core import Case, conformance_cases
-from .generators import generator, poison, randn
+from .generators import poison, randn
 from .grouped_gemm_cases import BF16_OUTPUT_BOUND, _check_rows
 
 # (G, N, K, rows per group as a fraction of the alignment)
