@@ -15,6 +15,10 @@ from .report import backend_label, case_label, matched, run_label
 Bar = tuple[float, float, float] | None  # median, min, max of a ratio
 
 
+def _num(v: float) -> str:
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
 def _figure(title: str, subtitle: str, categories: list[str], series: dict[str, list[Bar]],
             targets: list[float | None], path: Path) -> Path:
     from matplotlib.figure import Figure
@@ -36,7 +40,7 @@ def _figure(title: str, subtitle: str, categories: list[str], series: dict[str, 
         ax.barh([y for y, _ in shown], med, height=width * 0.9, xerr=err, capsize=2, label=name,
                 error_kw={"elinewidth": 0.8})
         for (y, b) in shown:
-            ax.text(b[2], y, f" {b[0]:.2g}", va="center", fontsize=7)
+            ax.text(b[2], y, f" {_num(b[0])}", va="center", fontsize=7)
     for i, target in enumerate(targets):
         if target is not None:
             ax.plot([target, target], [i - group / 2, i + group / 2], color="black", linewidth=1.6,
@@ -77,6 +81,7 @@ def plot_families(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
         if not records:
             continue
         categories = list(dict.fromkeys(case_label(r) for r in records))
+        labels = list(categories)
         names = list(dict.fromkeys(f"{backend_label(r)} {r['threads']}t" for r in records))
         series: dict[str, list[Bar]] = {n: [None] * len(categories) for n in names}
         targets: list[float | None] = [None] * len(categories)
@@ -85,10 +90,15 @@ def plot_families(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
             x = r["ratio"]
             series[f"{backend_label(r)} {r['threads']}t"][i] = (x["median"], x["min"], x["max"])
             targets[i] = r["target"]
+            if r["limit_us"] is not None:  # an absolute target: say it in the label, with the op's times
+                op_us = f"{r['op_seconds']['median'] * 1e6:.0f}"
+                labels[i] += (f" / {op_us} us" if "\n" in labels[i] else
+                              f"\n(op <= {r['limit_us']:g} us wanted; {backend_label(r)}: {op_us} us")
         title = f"{family}: {_title(family)}"
         if emulated:
             title += "  (* = backend in emulation on CPU tensors: not that chip's times)"
-        paths.append(_figure(title, _subtitle(doc), categories, series, targets, out / f"{family}.png"))
+        labels = [label + ")" if "\n" in label else label for label in labels]
+        paths.append(_figure(title, _subtitle(doc), labels, series, targets, out / f"{family}.png"))
     return paths
 
 

@@ -35,6 +35,10 @@ def _spread(x: dict[str, Any] | None, ratio: bool = False) -> str:
     return f"{fmt_seconds(x['median'])} ({fmt_seconds(x['min'])}-{fmt_seconds(x['max'])})"
 
 
+def _mib(x: float | None) -> str:
+    return "?" if x is None else f"{x:.0f} MiB"
+
+
 def target_label(r: dict[str, Any]) -> str:
     parts = []
     if r["target"] is not None:
@@ -78,9 +82,12 @@ def format_table(doc: dict[str, Any]) -> str:
             rows.append((r["family"], case_label(r), backend_label(r), str(r["threads"]), why, "", "", "", "", ""))
             continue
         met = {True: "met", False: "MISSED", None: ""}[r["met"]]
+        notes = [r["note"]] if r.get("note") else []
+        if r.get("peak_mib"):
+            notes.append(f"peak memory growth op {_mib(r['peak_mib']['op'])}, peer {_mib(r['peak_mib']['peer'])}")
         rows.append((r["family"], case_label(r), backend_label(r), str(r["threads"]), _spread(r["op_seconds"]),
                      _spread(r["peer_seconds"]), _spread(r["ratio"], ratio=True), target_label(r), met,
-                     (r["provider"] or "-") + (f" [{r['note']}]" if r.get("note") else "")))
+                     (r["provider"] or "-") + "".join(f" [{n}]" for n in notes)))
     notes = {i for i, row in enumerate(rows) if i and not row[5]}  # skipped: the reason runs to the end
     widths = [max(len(row[c]) for i, row in enumerate(rows) if i not in notes or c < 4) for c in range(len(rows[0]))]
     lines = []
