@@ -13,13 +13,27 @@ import torch
 
 import portable_kernels as pk
 from portable_kernels.__main__ import main
-from portable_kernels.bench import (FAMILIES, SCHEMA, SIZES, BenchUsageError, Case, Inputs, Target, cases_of,
-                                    format_compare, format_table, load_run, resolve_targets, run_bench, run_case,
-                                    write_outputs)
+from portable_kernels.bench import (
+    FAMILIES,
+    SCHEMA,
+    SIZES,
+    BenchUsageError,
+    Case,
+    Inputs,
+    Target,
+    cases_of,
+    format_compare,
+    format_table,
+    load_run,
+    resolve_targets,
+    run_bench,
+    run_case,
+    write_outputs,
+)
 from portable_kernels.bench.timing import Spread, paired_rounds, synchronizer
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(size="tiny", rounds=2, min_seconds=0.001, progress="none")
+TINY = {"size": "tiny", "rounds": 2, "min_seconds": 0.001, "progress": "none"}
 
 CASE_FIELDS = {"family", "case", "shape", "op", "peer", "backend", "options", "device", "emulation", "threads", "date",
                "target", "limit_us", "target_source", "provider", "providers", "op_seconds", "peer_seconds", "ratio",
@@ -294,6 +308,13 @@ def test_cli_user_errors_are_one_line_with_exit_status_2(args, message, tmp_path
     assert main(["bench", "--tiny", "--out", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("portable_kernels bench: error: ") and message in err and err.count("\n") == 1
+
+
+def test_cli_refuses_an_output_folder_that_is_a_file_before_running(tmp_path, capsys):
+    target = tmp_path / "a-file"
+    target.write_text("")
+    assert main(["bench", "--tiny", "--out", str(target)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
 
 
 def test_cli_compare_refuses_files_that_are_not_bench_results(tmp_path, capsys):

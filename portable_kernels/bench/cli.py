@@ -13,12 +13,13 @@ line on stderr with exit status 2; a case that errors makes the exit status 1.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from .cases import FAMILIES
-from .report import (format_compare, format_header, format_summary, format_table, has_matplotlib, load_run,
-                     write_outputs)
+from .report import format_compare, format_header, format_summary, format_table, has_matplotlib, load_run, write_outputs
 from .runner import BenchUsageError, run_bench
 
 DEFAULT_OUT = "bench-results"
@@ -32,6 +33,15 @@ def _threads(text: str) -> list[int]:
     if not counts or any(c < 1 for c in counts):
         raise BenchUsageError(f"--threads takes a comma-separated list of positive ints (e.g. 1,2), got {text!r}")
     return counts
+
+
+def _writable(folder: str) -> None:
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise BenchUsageError(f"--out {folder} is a file, not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    if not os.access(out, os.W_OK):
+        raise BenchUsageError(f"--out {folder} is not writable")
 
 
 def add_parser(sub: Any, handler: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
@@ -82,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if args.min_time <= 0:
         raise BenchUsageError(f"--min-time must be > 0, got {args.min_time}")
     size = "full" if args.full else "tiny" if args.tiny else "quick"
+    _writable(args.out)  # before the run, not after minutes of it
     doc = run_bench(backends=args.backend, families=args.family, size=size, rounds=args.rounds,
                     threads=_threads(args.threads) if args.threads else None, min_seconds=args.min_time,
                     progress="none" if args.no_progress else "auto", match=args.case,

@@ -60,7 +60,8 @@ def _git(*args: str) -> str | None:
     if not (root / ".git").exists():
         return None
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                             check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

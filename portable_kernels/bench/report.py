@@ -182,8 +182,8 @@ def format_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     pairs = matched(a, b)
     rows = [("family", "case", "backend", "thr", "ratio A", "ratio B", "op A", "op B", "op B/A")]
     for ra, rb in pairs:
-        rows.append((ra["family"], case_label(ra), backend_label(ra), str(ra["threads"]), f"{ra['ratio']['median']:.2f}",
-                     f"{rb['ratio']['median']:.2f}", fmt_seconds(ra["op_seconds"]["median"]),
+        rows.append((ra["family"], case_label(ra), backend_label(ra), str(ra["threads"]),
+                     f"{ra['ratio']['median']:.2f}", f"{rb['ratio']['median']:.2f}", fmt_seconds(ra["op_seconds"]["median"]),
                      fmt_seconds(rb["op_seconds"]["median"]),
                      f"{rb['op_seconds']['median'] / ra['op_seconds']['median']:.2f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

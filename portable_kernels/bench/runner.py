@@ -20,8 +20,8 @@ import torch
 from ..dispatch import trace_providers
 from ..errors import PortableKernelsError
 from ..registry import available_backends, registry, run_device, use_backend
-from .cases import FAMILIES, cases_of, per_backend
 from .case import SIZES, Case
+from .cases import FAMILIES, cases_of, per_backend
 from .machine import load_average, machine, versions
 from .progress import Mode, Progress
 from .timing import paired_rounds, peak_memory_mib, synchronizer

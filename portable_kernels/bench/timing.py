@@ -8,6 +8,8 @@ before it stops, so asynchronous launches are counted in full.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import statistics
 import time
@@ -117,9 +119,24 @@ def _proc_status_kib(field: str) -> int | None:
     return None
 
 
+def _release_free_heap() -> None:
+    """Hand memory freed earlier back to the OS (glibc malloc_trim), so that the resident set holds
+    live data only and a call's growth does not depend on what ran before it. No-op elsewhere."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+
+
 def peak_memory_mib(fn: Fn, device: torch.device) -> float | None:
     """Peak memory growth (MiB) during one call: the device allocator's peak on an accelerator, the
-    process's peak resident set on CPU (Linux /proc; None where it cannot be measured)."""
+    process's peak resident set on CPU (Linux /proc, after returning freed heap memory to the OS;
+    None where it cannot be measured)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -129,6 +146,7 @@ def peak_memory_mib(fn: Fn, device: torch.device) -> float | None:
         return (torch.cuda.max_memory_allocated(device) - before) / 2**20
     if device.type != "cpu":
         return None
+    _release_free_heap()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets the peak resident set (VmHWM) to the current one

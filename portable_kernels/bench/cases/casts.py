@@ -6,8 +6,6 @@ Target from issue 12: 1.5x that.
 
 from __future__ import annotations
 
-import torch
-
 import portable_kernels as pk
 from portable_kernels.fp4 import swiglu_forward_and_per_token_cast_reference
 from portable_kernels.quantization import quantize_blocks_reference

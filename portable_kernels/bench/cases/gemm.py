@@ -83,11 +83,13 @@ def _bf16(m: int, n: int, k: int, out: torch.dtype = torch.bfloat16, sizes=froze
     if out == torch.bfloat16:
         return Case(FAMILY, "bf16_gemm_nt", f"M={m} N={n} K={k}", _build_bf16(m, n, k, out),
                     lambda i: pk.bf16_gemm_nt(i.a, i.b, i.d), lambda i: torch.matmul(i.a, i.b.T),
-                    "bf16_gemm_nt", "torch.matmul in bf16", target=0.95, target_source=SOURCE, target_on=ON, sizes=sizes)
+                    "bf16_gemm_nt", "torch.matmul in bf16", target=0.95, target_source=SOURCE, target_on=ON,
+                    sizes=sizes)
     # fp32 d: the user upcasts, since a bf16 matmul cannot return fp32 on CPU
     return Case(FAMILY, "bf16_gemm_nt fp32 d", f"M={m} N={n} K={k}", _build_bf16(m, n, k, out),
                 lambda i: pk.bf16_gemm_nt(i.a, i.b, i.d), lambda i: torch.matmul(i.a.float(), i.b.float().T),
-                "bf16_gemm_nt (fp32 d)", "torch.matmul in fp32", target=0.95, target_source=SOURCE, target_on=ON, sizes=sizes)
+                "bf16_gemm_nt (fp32 d)", "torch.matmul in fp32", target=0.95, target_source=SOURCE, target_on=ON,
+                sizes=sizes)
 
 
 CASES = [

@@ -56,7 +56,8 @@ def _builder(make_input: Callable[[], torch.Tensor], encode: Callable[[torch.Ten
     return build
 
 
-def _case(what: str, shape: str, make_input, torch_fn, native_fn=None, sizes=frozenset({"quick", "full"})) -> list[Case]:
+def _case(what: str, shape: str, make_input, torch_fn, native_fn=None,
+          sizes=frozenset({"quick", "full"})) -> list[Case]:
     """The torch encoder's case and, where a native encoder exists, the native one's."""
     out = []
     for kind, fn in (("torch", torch_fn), ("native", native_fn)):
@@ -71,7 +72,7 @@ def _case(what: str, shape: str, make_input, torch_fn, native_fn=None, sizes=fro
 def _weight(n: int, k: int, g: int | None = None, sizes=frozenset({"quick", "full"})) -> list[Case]:
     shape = (n // BLOCK, k // BLOCK) if g is None else (g, n // BLOCK, k // BLOCK)
     label = f"W {'' if g is None else f'{g}x'}{n}x{k}"
-    sf = lambda: _pow2_scales(*shape, seed=60)  # noqa: E731
+    sf = lambda: _pow2_scales(*shape, seed=60)
     return [
         *_case("SM90 SFB (as is)", label, sf, torch_enc.sm90_sfb_encode, sizes=sizes),
         *_case("SM100 from blocks", label, sf, lambda s: torch_enc.sm100_ue8m0_encode_from_blocks(s, n),
@@ -83,8 +84,8 @@ def _weight(n: int, k: int, g: int | None = None, sizes=frozenset({"quick", "ful
 
 def _activation(m: int, k: int, sizes=frozenset({"quick", "full"})) -> list[Case]:
     label = f"A {m}x{k}"
-    sf = lambda: _pow2_scales(m, k // BLOCK, seed=61)  # noqa: E731
-    sf32 = lambda: torch_enc.regranularize_k(sf(), k, BLOCK, 32)  # noqa: E731
+    sf = lambda: _pow2_scales(m, k // BLOCK, seed=61)
+    sf32 = lambda: torch_enc.regranularize_k(sf(), k, BLOCK, 32)
     return [
         *_case("SM90 SFA", label, sf, torch_enc.sm90_sfa_encode, native_enc.sm90_sfa_encode, sizes=sizes),
         *_case("SM100 int32 pack", label, sf, lambda s: torch_enc.sm100_ue8m0_encode_from_blocks(s, m, 1),
@@ -98,9 +99,10 @@ def _activation(m: int, k: int, sizes=frozenset({"quick", "full"})) -> list[Case
 
 def _data(n: int, k: int, sizes=frozenset({"quick", "full"})) -> list[Case]:
     label = f"{n}x{k}"
-    w8 = lambda: torch.randint(0, 256, (n, k), generator=generator(62), dtype=torch.uint8).view(torch.float8_e4m3fn)  # noqa: E731,E501
-    codes = lambda: torch.randint(0, 16, (n, k), generator=generator(63), dtype=torch.uint8)  # noqa: E731
-    wf = lambda: torch.randn(n, k, generator=generator(64)).bfloat16()  # noqa: E731
+    w8 = lambda: torch.randint(0, 256, (n, k), generator=generator(62),
+                               dtype=torch.uint8).view(torch.float8_e4m3fn)
+    codes = lambda: torch.randint(0, 16, (n, k), generator=generator(63), dtype=torch.uint8)
+    wf = lambda: torch.randn(n, k, generator=generator(64)).bfloat16()
     return [
         *_case("NZ fp8 tiles", label, w8, torch_enc.nd_to_nz, native_enc.nd_to_nz, sizes=sizes),
         *_case("FP4 pack codes", label, codes, torch_enc.pack_e2m1, sizes=sizes),
