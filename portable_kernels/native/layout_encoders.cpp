@@ -21,32 +21,6 @@ inline int threads_for(int nthreads, double bytes) { return bytes < 1048576.0 ? 
 
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-// 16 x 16 transpose of 32-bit elements: on return r[j] holds element j of every input row.
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int e = 0; e < 4; ++e) {
-    t[e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44);
-    t[4 + e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
-    t[8 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44);
-    t[12 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
-  }
-  for (int e = 0; e < 4; ++e) {
-    r[e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0x88);
-    r[4 + e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0xDD);
-    r[8 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0x88);
-    r[12 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0xDD);
-  }
-}
 
 inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
 
@@ -86,7 +60,7 @@ int64_t sm100_rows_fast(const float* sf, int64_t G, int64_t MN, int64_t KB, int6
           }
           r[i] = _mm512_load_si512(bytes);
         }
-        transpose16(r);
+        pk::transpose16(r);
         for (int64_t p = w0; p < std::min(words, w0 + 16); ++p)
           _mm512_mask_storeu_epi32(out + (g * words + p) * mn_stride + n0, lanes(rows), r[p - w0]);
       }
@@ -231,7 +205,7 @@ PK_EXPORT void pk_sm90_sfa(const float* sf, int64_t G, int64_t MN, int64_t KB, i
         const __mmask16 m = lanes(KB - k0);
         for (int i = 0; i < 16; ++i)
           r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, sf + (g * MN + n0 + i) * KB + k0) : _mm512_setzero_si512();
-        transpose16(r);
+        pk::transpose16(r);
         for (int64_t k = k0; k < std::min(KB, k0 + 16); ++k)
           _mm512_mask_storeu_epi32(out + (g * KB + k) * mn_stride + n0, lanes(rows), r[k - k0]);
       }

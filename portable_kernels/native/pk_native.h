@@ -20,6 +20,11 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__x86_64__) && defined(__linux__) && defined(__AVX512F__)
+#include <sys/syscall.h>  // amx_permitted asks the kernel for the tile data
+#include <unistd.h>
+#endif
+
 #define PK_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace pk {
@@ -116,6 +121,30 @@ inline bool is_pow2_scale(float s) { return (f32_bits(s) & 0x807FFFFFu) == 0 && 
 
 inline int thread_count(int requested) { return requested < 1 ? 1 : requested; }
 
+#if defined(__x86_64__) && defined(__linux__) && defined(__AVX512F__)
+// ---- AMX ----------------------------------------------------------------------------------------
+
+// The tile configuration ldtilecfg reads (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Whether this CPU has AMX-BF16 and AMX-TILE and the kernel lets this process use the tile data
+// (asked once per process: ARCH_REQ_XCOMP_PERM for XTILEDATA).
+inline bool amx_permitted() {
+  static int state = -1;
+  if (state < 0) {
+    unsigned a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    const bool cpu = ((d >> 22) & 1) && ((d >> 24) & 1);  // AMX-BF16, AMX-TILE
+    state = cpu && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  }
+  return state == 1;
+}
+#endif
+
 // ---- SIMD ---------------------------------------------------------------------------------------
 
 #if defined(__AVX512F__)
@@ -143,6 +172,52 @@ inline __m256i f32x16_to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(r);
 }
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+// 16 x 16 transpose of 32-bit elements: on return r[j] holds element j of every input row.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);      // a0 b0 a1 b1 | per 128-bit lane
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);  // a2 b2 a3 b3
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);      // a0 b0 c0 d0
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);  // a1 b1 c1 d1
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);  // a2 b2 c2 d2
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);  // a3 b3 c3 d3
+  }
+  // r[4g + e] holds, in lane L, element 4L + e of rows 4g..4g+3
+  for (int e = 0; e < 4; ++e) {
+    // lanes: (rows 0-3 | rows 4-7) and (rows 8-11 | rows 12-15), element lanes 0,1 then 2,3
+    t[e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44);       // L0 L1 of g0, L0 L1 of g1
+    t[4 + e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);   // L2 L3 of g0, L2 L3 of g1
+    t[8 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44);
+    t[12 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
+  }
+  for (int e = 0; e < 4; ++e) {
+    // element 4L + e for L = 0..3: gather lane L of the four row groups
+    r[e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0x88);        // L0: g0 g1 g2 g3
+    r[4 + e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0xDD);    // L1
+    r[8 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0x88);   // L2
+    r[12 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0xDD);  // L3
+  }
+}
+// exp(x): range reduction by ln 2 and a degree-6 polynomial (about 1 ulp), saturating to 0 / inf
+// outside [-87.3, 88.7] as expf does.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
 #endif
 
 #if defined(__AVX2__)

@@ -182,26 +182,6 @@ int64_t cast_row_fp4(const void* x, int kind, int64_t K, int64_t gk, bool ue8m0,
 
 // ---- SwiGLU ------------------------------------------------------------------------------------------
 
-// exp(x) for the SiLU: range reduction by ln 2 and a degree-6 polynomial (about 1 ulp), saturating
-// to 0 / inf outside [-87.3, 88.7] as expf does.
-#if defined(__AVX512F__)
-inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-#endif
-
 struct SwigluArgs {
   const void* x;
   int kind;
@@ -256,7 +236,7 @@ int64_t swiglu_rows(const SwigluArgs& s, int nthreads) {
           g = _mm512_min_ps(g, vc);
           u = _mm512_max_ps(_mm512_min_ps(u, vc), _mm512_sub_ps(_mm512_setzero_ps(), vc));
         }
-        const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), pk::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
         __m512 v = _mm512_mul_ps(silu, u);
         if (s.topk_weights) v = _mm512_mul_ps(v, _mm512_set1_ps(w));
         _mm512_storeu_ps(y.data() + i, v);

@@ -316,52 +316,7 @@ constexpr int64_t NCH = PK_NCH;    // columns of one task (accumulators: MCH x N
 constexpr int64_t KCH = PK_KCH;    // K elements per chunk: the B panel (32 x KCH bf16) stays in L1
 constexpr int64_t PREFETCH_STEPS = 8;  // K steps (of 32) a B row is prefetched ahead of its conversion
 
-struct alignas(64) TileConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
 
-bool amx_permitted() {
-  static int state = -1;  // the permission is per process: ask the kernel once
-  if (state < 0) {
-    unsigned a, b, c, d;
-    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    const bool cpu = ((d >> 22) & 1) && ((d >> 24) & 1);  // AMX-BF16, AMX-TILE
-    state = cpu && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  }
-  return state == 1;
-}
-
-// 16 x 16 transpose of 32-bit elements: on return r[j] holds element j of every input row.
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);      // a0 b0 a1 b1 | per 128-bit lane
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);  // a2 b2 a3 b3
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);      // a0 b0 c0 d0
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);  // a1 b1 c1 d1
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);  // a2 b2 c2 d2
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);  // a3 b3 c3 d3
-  }
-  // r[4g + e] holds, in lane L, element 4L + e of rows 4g..4g+3
-  for (int e = 0; e < 4; ++e) {
-    // lanes: (rows 0-3 | rows 4-7) and (rows 8-11 | rows 12-15), element lanes 0,1 then 2,3
-    t[e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44);       // L0 L1 of g0, L0 L1 of g1
-    t[4 + e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);   // L2 L3 of g0, L2 L3 of g1
-    t[8 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44);
-    t[12 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
-  }
-  for (int e = 0; e < 4; ++e) {
-    // element 4L + e for L = 0..3: gather lane L of the four row groups
-    r[e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0x88);        // L0: g0 g1 g2 g3
-    r[4 + e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0xDD);    // L1
-    r[8 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0x88);   // L2
-    r[12 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0xDD);  // L3
-  }
-}
 
 // bf16 bits of the 128 non-negative e4m3 codes, as four 32-word tables (NaN code 0x7F -> 0x7FC0).
 struct Fp8Table {
@@ -444,7 +399,7 @@ void convert_b_panel(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uin
           r[i] = e2m1x32_to_bf16(_mm_maskz_loadu_epi8(m, row + k0 / 2), shift);
         }
       }
-      transpose16(r);
+      pk::transpose16(r);
       uint16_t* dst = buf + (t * steps + (ks - ks0)) * TILE;
       for (int p = 0; p < 16; ++p) _mm512_store_si512(reinterpret_cast<__m512i*>(dst + p * 32), r[p]);
     }
@@ -454,7 +409,7 @@ void convert_b_panel(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uin
 #pragma GCC target("amx-tile,amx-bf16")
 
 inline void tile_config() {
-  TileConfig cfg{};
+  pk::TileConfig cfg{};
   cfg.palette = 1;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = TM;
@@ -751,7 +706,7 @@ void amx_small_engine(const Operand& a, const Operand& b, const Output& o, const
           r[i] = a.kind == kBf16 ? _mm512_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + k0)
                                  : fp8x32_to_bf16(_mm256_maskz_loadu_epi8(m, row + k0), lut);
         }
-        transpose16(r);
+        pk::transpose16(r);
         uint16_t* dst = xpk.get() + (s * ksteps + ks) * TILE;
         for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + p * 32, r[p]);
       }
@@ -820,7 +775,7 @@ PK_EXPORT int pk_gemm_vector_length() { return VL; }
 // 1 when the amx engine can run here (AMX-BF16 present and the kernel granted tile state).
 PK_EXPORT int pk_amx_available() {
 #ifdef PK_HAVE_AMX_CODE
-  return amx_permitted() ? 1 : 0;
+  return pk::amx_permitted() ? 1 : 0;
 #else
   return 0;
 #endif
@@ -837,7 +792,7 @@ PK_EXPORT int pk_gemm_amx(const void* a, int a_kind, const float* sfa, int64_t a
                            const int64_t* segs, int64_t nsegs, int64_t N, int64_t K, int64_t promo, int fold_b,
                            int nthreads) {
 #ifdef PK_HAVE_AMX_CODE
-  if (!amx_permitted()) return -1;  // never execute a tile instruction without the kernel's permission
+  if (!pk::amx_permitted()) return -1;  // never execute a tile instruction without the kernel's permission
   Operand A{static_cast<const uint8_t*>(a), a_kind, sfa, 1, a_gran_k, a_row_bytes, a_scale_ld, 0, 0};
   Operand B{static_cast<const uint8_t*>(b), b_kind, sfb, b_gran_n, b_gran_k, b_row_bytes, b_scale_ld,
             b_group_bytes, b_group_scale};

@@ -27,65 +27,7 @@ constexpr int64_t CK = 64;       // keys per chunk
 constexpr int64_t DV = 512;      // V channels
 constexpr int64_t TILE = 512;    // bf16 elements per tile (16 x 32)
 
-struct alignas(64) TileConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
 
-bool amx_permitted() {
-  static int state = -1;
-  if (state < 0) {
-    unsigned a, b, c, d;
-    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    const bool cpu = ((d >> 22) & 1) && ((d >> 24) & 1);
-    state = cpu && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  }
-  return state == 1;
-}
-
-// 16 x 16 transpose of 32-bit elements (see gemm.cpp): r[j] becomes element j of every row.
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int e = 0; e < 4; ++e) {
-    t[e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44);
-    t[4 + e] = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
-    t[8 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44);
-    t[12 + e] = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
-  }
-  for (int e = 0; e < 4; ++e) {
-    r[e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0x88);
-    r[4 + e] = _mm512_shuffle_i32x4(t[e], t[8 + e], 0xDD);
-    r[8 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0x88);
-    r[12 + e] = _mm512_shuffle_i32x4(t[4 + e], t[12 + e], 0xDD);
-  }
-}
-
-inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
 
 struct Args {
   const uint16_t* q;  // [b, s_q, h_q, d] contiguous
@@ -160,7 +102,7 @@ inline void load_key(const Args& a, const uint8_t* p, uint16_t* dst) {
 #pragma GCC target("amx-tile,amx-bf16")
 
 inline void tile_config() {
-  TileConfig cfg{};
+  pk::TileConfig cfg{};
   cfg.palette = 1;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = 16;
@@ -285,7 +227,7 @@ void run_task(const Args& a, const Job& j, int64_t k0, int64_t k1, Work& w) {
         __m512i r[16];
         for (int i = 0; i < 16; ++i)
           r[i] = _mm512_loadu_si512(w.kbuf.data() + (kt * 16 + i) * qsteps * 32 + 32 * s);
-        transpose16(r);
+        pk::transpose16(r);
         uint16_t* dst = w.kt.data() + (kt * qsteps + s) * TILE;
         for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + 32 * p, r[p]);
       }
@@ -342,7 +284,7 @@ void run_task(const Args& a, const Job& j, int64_t k0, int64_t k1, Work& w) {
       const float alpha = w.m[r] == -INFINITY ? 0.0f : std::exp(w.m[r] - m_new);
       __m512 vsum = _mm512_setzero_ps();
       for (int64_t t = 0; t < CK / 16; ++t) {
-        const __m512 p = _mm512_maskz_mov_ps(vis[t], exp16(_mm512_sub_ps(x[t], _mm512_set1_ps(m_new))));
+        const __m512 p = _mm512_maskz_mov_ps(vis[t], pk::exp16(_mm512_sub_ps(x[t], _mm512_set1_ps(m_new))));
         const __m256i hi = pk::f32x16_to_bf16(p);
         const __m256i lo = pk::f32x16_to_bf16(_mm512_sub_ps(p, pk::bf16x16_to_f32(hi)));
         vsum = _mm512_add_ps(vsum, p);
@@ -393,7 +335,7 @@ void finish_row(const Args& a, const Job& j, int64_t r, const float* o, float m,
 
 PK_EXPORT int pk_mla_available() {
 #ifdef PK_MLA_AMX
-  return amx_permitted() ? 1 : 0;
+  return pk::amx_permitted() ? 1 : 0;
 #else
   return 0;
 #endif
@@ -410,7 +352,7 @@ PK_EXPORT int pk_mla_decode(const void* q, int64_t b, int64_t s_q, int64_t h_q, 
                              const int64_t* splits, int64_t nsplits, int64_t nslots, void* out, float* lse,
                              int nthreads) {
 #ifdef PK_MLA_AMX
-  if (!amx_permitted()) return -1;  // never execute a tile instruction without the kernel's permission
+  if (!pk::amx_permitted()) return -1;  // never execute a tile instruction without the kernel's permission
   Args a{static_cast<const uint16_t*>(q), b, s_q, h_q, d, h_kv, static_cast<const uint8_t*>(cache), fp8 != 0,
          num_blocks, block_size, block_stride, token_stride, head_stride, block_table, max_blocks, seqlens, indices,
          topk, scale, causal != 0, static_cast<uint16_t*>(out), lse};
