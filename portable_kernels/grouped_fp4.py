@@ -15,14 +15,26 @@ from typing import Any
 import torch
 
 from .compiled import compiled_call, is_compiling
-from .contract import OpContract, QuantArg, Tolerance, checks_values, public_op, quant_operand, register_contract
-from .dispatch import run
+from .contract import (
+    OpContract,
+    QuantArg,
+    Tolerance,
+    public_op,
+    quant_operand,
+    register_contract,
+)
 from .errors import ContractError, format_problem
 from .fp4 import FP8_FP4_GRAN_K, check_recipes, fp4_operand
 from .gemm import check_gemm_output
-from .grouped_gemm import (MaskedGroupedInputs, check_host_int, check_index_vector, check_masked_m_values,
-                           check_grouped_shapes, grouped_gemm_contiguous_reference, grouped_gemm_masked_reference,
-                           m_grouped_gemm_nt_contiguous_kernel, m_grouped_gemm_nt_masked_kernel, run_contiguous)
+from .grouped_gemm import (
+    check_grouped_shapes,
+    grouped_gemm_contiguous_reference,
+    grouped_gemm_masked_reference,
+    m_grouped_gemm_nt_contiguous_kernel,
+    m_grouped_gemm_nt_masked_kernel,
+    run_contiguous,
+    run_masked,
+)
 from .layouts.constants import MX_BLOCK_K
 from .tensors import PreparedTensor, QuantTensor
 
@@ -41,8 +53,8 @@ def _operands(contract: OpContract, a: Any, b: Any, recipe: Any, recipe_a: Any, 
     qa = quant_operand(contract, "a", a)
     qb = fp4_operand(contract, "b", b, dims=3)
     for arg, t, element, fix in (("a", qa, "e4m3", "quantize activations with per_token_cast_to_fp8"),
-                                 ("b", qb, "e2m1", "quantize each expert's weight with per_token_cast_to_fp4, or "
-                                                   "use m_grouped_fp8_gemm_nt_* for FP8 weights")):
+                                 ("b", qb, "e2m1", ("quantize each expert's weight with per_token_cast_to_fp4, or "
+                                                    "use m_grouped_fp8_gemm_nt_* for FP8 weights"))):
         if t.element != element:
             raise ContractError(format_problem(op, arg, f"{t.element} data", f"{element} data", fix))
         g = tuple(t.granularity)
@@ -92,14 +104,5 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: 
     if is_compiling():
         return compiled_call("m_grouped_fp8_fp4_gemm_nt_masked", a, b, d, masked_m, expected_m, recipe, recipe_a,
                              recipe_b)
-    contract = M_GROUPED_FP8_FP4_MASKED
-    op = contract.name
-    qa, qb = _operands(contract, a, b, recipe, recipe_a, recipe_b, masked=True)
-    (g, max_m, _), n = qa.shape, qb.shape[1]
-    check_gemm_output(op, d, None, (g, max_m, n), qa.device)
-    check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", qa.device,
-                        "pass torch.tensor(counts, dtype=torch.int32)")
-    check_host_int(op, "expected_m", expected_m)
-    if checks_values(masked_m):
-        check_masked_m_values(op, masked_m, max_m)
-    run(contract, MaskedGroupedInputs(qa, qb, d, masked_m, expected_m))
+    qa, qb = _operands(M_GROUPED_FP8_FP4_MASKED, a, b, recipe, recipe_a, recipe_b, masked=True)
+    run_masked(M_GROUPED_FP8_FP4_MASKED, qa, qb, d, masked_m, expected_m)

@@ -26,7 +26,15 @@ import torch
 from .checks import check_bool
 from .compiled import compiled_call, is_compiling
 from .contiguous_layout import alignment_override, contiguous_alignment, padding_rows
-from .contract import OpContract, QuantArg, Tolerance, checks_values, public_op, quant_operand, register_contract
+from .contract import (
+    OpContract,
+    QuantArg,
+    Tolerance,
+    checks_values,
+    public_op,
+    quant_operand,
+    register_contract,
+)
 from .dispatch import run, selection_for
 from .errors import BackendUnavailableError, ContractError, format_problem
 from .gemm import check_gemm_output, check_recipe, check_shared_k
@@ -378,6 +386,21 @@ def _check_layout_values(op: str, grouped_layout: torch.Tensor, use_psum_layout:
         _check_m_indices_values(op, grouped_layout, num_groups, alignment)
 
 
+
+def run_masked(contract: OpContract, a: Any, b: Any, d: torch.Tensor, masked_m: torch.Tensor,
+               expected_m: int | None) -> None:
+    """Check d, masked_m and expected_m of a masked grouped GEMM whose operands a [G, max_m, K] and
+    b [G, N, K] were checked, then run it (the masked ops of every operand kind share this)."""
+    op = contract.name
+    (g, max_m, _), n = a.shape, b.shape[1]
+    check_gemm_output(op, d, None, (g, max_m, n), a.device)
+    check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", a.device,
+                       "pass torch.tensor(counts, dtype=torch.int32)")
+    check_host_int(op, "expected_m", expected_m)
+    if checks_values(masked_m):
+        check_masked_m_values(op, masked_m, max_m)
+    run(contract, MaskedGroupedInputs(a, b, d, masked_m, expected_m))
+
 def run_contiguous(contract: OpContract, a: Any, b: Any, d: torch.Tensor, grouped_layout: torch.Tensor,
                    use_psum_layout: bool, expected_m: int | None, ensure_zero_padding: bool) -> None:
     """The shared tail of every contiguous grouped GEMM (operands and d already checked): check the
@@ -449,14 +472,7 @@ def m_grouped_fp8_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: torc
     qa = quant_operand(M_GROUPED_FP8_MASKED, "a", a)
     qb = quant_operand(M_GROUPED_FP8_MASKED, "b", b)
     _check_fp8_operands(op, qa, qb, recipe, masked=True)
-    (g, max_m, _), n = qa.shape, qb.shape[1]
-    check_gemm_output(op, d, None, (g, max_m, n), qa.device)
-    check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", qa.device,
-                        "pass torch.tensor(counts, dtype=torch.int32)")
-    check_host_int(op, "expected_m", expected_m)
-    if checks_values(masked_m):
-        check_masked_m_values(op, masked_m, max_m)
-    run(M_GROUPED_FP8_MASKED, MaskedGroupedInputs(qa, qb, d, masked_m, expected_m))
+    run_masked(M_GROUPED_FP8_MASKED, qa, qb, d, masked_m, expected_m)
 
 
 @public_op(M_GROUPED_BF16_CONTIGUOUS)
@@ -494,11 +510,4 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
         return compiled_call("m_grouped_bf16_gemm_nt_masked", a, b, d, masked_m, expected_m)
     op = M_GROUPED_BF16_MASKED.name
     _check_bf16_operands(op, a, b, masked=True)
-    (g, max_m, _), n = a.shape, b.shape[1]
-    check_gemm_output(op, d, None, (g, max_m, n), a.device)
-    check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", a.device,
-                        "pass torch.tensor(counts, dtype=torch.int32)")
-    check_host_int(op, "expected_m", expected_m)
-    if checks_values(masked_m):
-        check_masked_m_values(op, masked_m, max_m)
-    run(M_GROUPED_BF16_MASKED, MaskedGroupedInputs(a, b, d, masked_m, expected_m))
+    run_masked(M_GROUPED_BF16_MASKED, a, b, d, masked_m, expected_m)
