@@ -1,0 +1,67 @@
+"""Where the nvidia Triton kernels can run in this process, decided without importing Triton.
+
+Triton decides at decoration time (`@triton.jit`, i.e. when a kernel module is imported) whether a
+kernel is compiled for the GPU or run by its interpreter on CPU tensors: the `TRITON_INTERPRET`
+environment variable read at that moment. So the mode is fixed by the first import of a kernel
+module and recorded here (`note_mode`); before that, `current_mode()` predicts it from the
+environment. Compiled mode runs on cuda tensors only, interpreter mode on CPU tensors only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Literal
+
+import torch
+
+INTERPRET_ENV = "TRITON_INTERPRET"
+Mode = Literal["compiled", "interpreter"]
+
+_fixed_mode: Mode | None = None
+
+
+def _env_interpret() -> bool:
+    return os.environ.get(INTERPRET_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def note_mode(interpreting: bool) -> None:
+    """Called once by kernels/_common.py when the kernels are decorated."""
+    global _fixed_mode
+    _fixed_mode = "interpreter" if interpreting else "compiled"
+
+
+def current_mode() -> Mode:
+    """The mode the kernels run in: fixed at the first kernel import, else predicted from the env."""
+    if _fixed_mode is not None:
+        return _fixed_mode
+    return "interpreter" if _env_interpret() else "compiled"
+
+
+def triton_missing_reason() -> str | None:
+    """None when the `triton` package is importable, else why the Triton providers are unavailable."""
+    if importlib.util.find_spec("triton") is None:
+        return ("the triton package is not installed (pip install triton); the nvidia backend then runs its "
+                "vendor providers or the layout-reference oracle")
+    return None
+
+
+def device_reason(device: torch.device) -> str | None:
+    """None when Triton kernels can run on tensors of `device` in this process, else why not."""
+    missing = triton_missing_reason()
+    if missing is not None:
+        return missing
+    mode = current_mode()
+    if device.type == "cuda":
+        if mode == "interpreter":
+            return (f"Triton runs in interpreter mode in this process ({INTERPRET_ENV}=1 when the kernels were "
+                    "loaded); cuda tensors need compiled mode: unset it before the first nvidia kernel call")
+        if not torch.cuda.is_available():
+            return "torch.cuda is not available"
+        return None
+    if device.type == "cpu":
+        if mode == "compiled":
+            return (f"CPU tensors run the Triton kernels only in the interpreter: set {INTERPRET_ENV}=1 before the "
+                    "first nvidia kernel call (emulation for tests; slow)")
+        return None
+    return f"Triton kernels run on cuda (or, interpreted, cpu) tensors, not on {device.type}"
