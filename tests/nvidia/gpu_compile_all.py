@@ -19,7 +19,7 @@ assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON
 from gpu_compile import compiling_for  # noqa: E402
 
 from portable_kernels.backends.nvidia.kernels import (bf16_gemm, cast_fp4, cast_fp8, fp8_fp4_gemm,  # noqa: E402
-                                                      fp8_gemm, grouped_contiguous, grouped_masked, swiglu_cast)
+                                                      fp8_gemm, grouped_contiguous, grouped_masked, swiglu_cast, topk)
 from portable_kernels.backends.nvidia.kernels._common import INTERPRET  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
@@ -82,7 +82,14 @@ def cast_specimens(all_configs: bool):
     yield ("swiglu_cast plain", lambda: swiglu_cast.swiglu_cast(x, 256, False))
 
 
-SPECIMENS = (gemm_specimens, cast_specimens)
+def topk_specimens(all_configs: bool):
+    for dtype in (torch.float32, torch.bfloat16):
+        for sorted_ in (False, True):
+            yield (f"topk {dtype} sorted={sorted_}", lambda: topk.topk(
+                torch.zeros(4, 32768, dtype=dtype), 2048, torch.zeros(4, dtype=torch.int32), sorted=sorted_))
+
+
+SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens)
 
 
 def main(argv: list[str]) -> int:
