@@ -19,7 +19,8 @@ assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON
 from gpu_compile import compiling_for  # noqa: E402
 
 from portable_kernels.backends.nvidia.kernels import (bf16_gemm, cast_fp4, cast_fp8, fp8_fp4_gemm,  # noqa: E402
-                                                      fp8_gemm, grouped_contiguous, grouped_masked, swiglu_cast, topk)
+                                                      fp8_gemm, grouped_contiguous, grouped_masked, mla_decode, mla_metadata,
+                                                      swiglu_cast, topk)
 from portable_kernels.backends.nvidia.kernels._common import INTERPRET  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
@@ -89,7 +90,27 @@ def topk_specimens(all_configs: bool):
                 torch.zeros(4, 32768, dtype=dtype), 2048, torch.zeros(4, dtype=torch.int32), sorted=sorted_))
 
 
-SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens)
+def mla_specimens(all_configs: bool):
+    b, s_q, h_q = 2, 1, 128
+    seqlens = torch.tensor([100, 5000], dtype=torch.int32)
+    meta, splits = mla_metadata.mla_schedule(seqlens, 8)
+    out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16)
+    lse = torch.empty(b, h_q, s_q)
+    q = torch.zeros(b, s_q, h_q, 576, dtype=torch.bfloat16)
+    table = torch.zeros(b, 80, dtype=torch.int32)
+    bf16_cache = torch.zeros(160, 64, 1, 576, dtype=torch.bfloat16)
+    fp8_cache = torch.zeros(160, 64, 1, 656, dtype=torch.uint8)
+    for split_p in (True, False):
+        yield (f"mla dense bf16 split_p={split_p}", lambda: mla_decode.flash_mla_with_kvcache(
+            q, bf16_cache, table, seqlens, 0.04, False, False, None, meta, splits, out, lse, split_p=split_p))
+    yield ("mla dense fp8 causal", lambda: mla_decode.flash_mla_with_kvcache(
+        q, fp8_cache, table, seqlens, 0.04, True, True, None, meta, splits, out, lse))
+    indices = torch.zeros(b, s_q, 2048, dtype=torch.int32)
+    yield ("mla sparse fp8", lambda: mla_decode.flash_mla_with_kvcache(
+        q, fp8_cache, None, None, 0.04, False, True, indices, meta, splits, out, lse))
+
+
+SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens, mla_specimens)
 
 
 def main(argv: list[str]) -> int:
