@@ -20,7 +20,7 @@ from gpu_compile import compiling_for  # noqa: E402
 
 from portable_kernels.backends.nvidia.kernels import (bf16_gemm, cast_fp4, cast_fp8, fp8_fp4_gemm,  # noqa: E402
                                                       fp8_gemm, grouped_contiguous, grouped_masked, mla_decode, mla_metadata,
-                                                      swiglu_cast, topk)
+                                                      moe_expand, moe_gate, moe_reduce, swiglu_cast, topk)
 from portable_kernels.backends.nvidia.kernels._common import INTERPRET  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
@@ -110,7 +110,26 @@ def mla_specimens(all_configs: bool):
         q, fp8_cache, None, None, 0.04, False, True, indices, meta, splits, out, lse))
 
 
-SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens, mla_specimens)
+def routing_specimens(all_configs: bool):
+    logits = torch.zeros(64, 256)
+    yield ("moe_gate grouped sigmoid", lambda: moe_gate.top2_sum_gate(
+        logits, torch.zeros(256), 8, 4, 8, 2.5, "sigmoid", True, torch.ones(64, dtype=torch.bool)))
+    yield ("moe_gate sqrtsoftplus", lambda: moe_gate.top2_sum_gate(logits, None, 8, 0, 0, 1.0, "sqrtsoftplus"))
+    ttp = torch.zeros(64, 8, dtype=torch.int32)
+    pte = torch.zeros(1024, dtype=torch.int32)
+    yield ("moe_expand fp8 with sf", lambda: moe_expand.expand_to_fused(
+        _fp8(64, 7168), torch.zeros(64, 56), ttp, pte, _fp8(1024, 7168), torch.zeros(56, 1024).T))
+    yield ("moe_expand bf16", lambda: moe_expand.expand_to_fused(
+        torch.zeros(64, 7168, dtype=torch.bfloat16), None, ttp, pte, torch.zeros(1024, 7168, dtype=torch.bfloat16),
+        None))
+    x = torch.zeros(1024, 7168, dtype=torch.bfloat16)
+    yield ("moe_reduce bf16 weighted", lambda: moe_reduce.reduce_fused(
+        x, torch.zeros(1024), torch.zeros(64, 8), ttp, None, False, torch.empty(64, 7168, dtype=torch.bfloat16)))
+    yield ("moe_reduce fp8", lambda: moe_reduce.reduce_fused(
+        x.float(), None, None, ttp, torch.ones(1), True, _fp8(64, 7168)))
+
+
+SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens, mla_specimens, routing_specimens)
 
 
 def main(argv: list[str]) -> int:
