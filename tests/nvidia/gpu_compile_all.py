@@ -19,8 +19,9 @@ assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON
 from gpu_compile import compiling_for  # noqa: E402
 
 from portable_kernels.backends.nvidia.kernels import (bf16_gemm, cast_fp4, cast_fp8, fp8_fp4_gemm,  # noqa: E402
-                                                      fp8_gemm, grouped_contiguous, grouped_masked, mla_decode, mla_metadata,
-                                                      moe_expand, moe_gate, moe_reduce, swiglu_cast, topk)
+                                                      fp8_gemm, grouped_contiguous, grouped_masked, mla_decode,
+                                                      mla_metadata, moe_expand, moe_gate, moe_reduce, swiglu_cast,
+                                                      topk)
 from portable_kernels.backends.nvidia.kernels._common import INTERPRET  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
