@@ -9,6 +9,7 @@ environment. Compiled mode runs on cuda tensors only, interpreter mode on CPU te
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from typing import Literal
@@ -38,11 +39,20 @@ def current_mode() -> Mode:
     return "interpreter" if _env_interpret() else "compiled"
 
 
+@functools.lru_cache(maxsize=1)
 def triton_missing_reason() -> str | None:
-    """None when the `triton` package is importable, else why the Triton providers are unavailable."""
+    """None when the `triton` package imports, else why the Triton providers are unavailable.
+
+    Importing triton itself does not fix the run mode (only decorating a kernel does), so this
+    probe may run before TRITON_INTERPRET is set; it runs at the first provider check.
+    """
     if importlib.util.find_spec("triton") is None:
         return ("the triton package is not installed (pip install triton); the nvidia backend then runs its "
                 "vendor providers or the layout-reference oracle")
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # a broken install is a reason, never an error for the user
+        return f"the triton package failed to import ({type(exc).__name__}: {exc})"
     return None
 
 
