@@ -25,6 +25,8 @@ from portable_kernels.backends.nvidia.kernels import (bf16_gemm, cast_fp4, cast_
 from portable_kernels.backends.nvidia.kernels._common import INTERPRET  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
+#: shared memory one block may use on H100/H200/B200 (227 KiB, opt-in above 48 KiB)
+MAX_SHARED_BYTES = 227 * 1024
 
 
 def _fp8(*shape):
@@ -150,6 +152,10 @@ def main(argv: list[str]) -> int:
                 return 1
             for kernel, shared in record:
                 count += 1
+                if shared > MAX_SHARED_BYTES:
+                    print(f"FAILED {name} for {arch}: {kernel} needs {shared} B of shared memory (max "
+                          f"{MAX_SHARED_BYTES})", flush=True)
+                    return 1
                 print(f"{arch} {name:40s} {kernel:32s} shared={shared:6d} B  {time.perf_counter() - start:5.1f} s",
                       flush=True)
     print(f"COMPILED {count}")

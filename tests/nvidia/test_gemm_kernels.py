@@ -125,3 +125,10 @@ def test_e2m1_decode_matches_the_layout_table():
                                      gran_a=(1, 32), gran_b=(1, 32))
         got[j] = d[0, 0]
     assert torch.equal(got, torch.tensor(E2M1_VALUES * 2, dtype=torch.float32))
+
+
+def test_untuned_launches_pick_a_config_by_size():
+    from portable_kernels.backends.nvidia.kernels._launch import pick_config
+    assert pick_config(fp8_gemm.CONFIGS, 1).kwargs["BLOCK_M"] == 16
+    assert pick_config(fp8_gemm.CONFIGS, 40).kwargs["BLOCK_M"] == 64
+    assert pick_config(fp8_gemm.CONFIGS, 4096) is fp8_gemm.CONFIGS[0]

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import triton
 
+from . import runtime
 from ._common import INTERPRET
 
 GridFn = Callable[[dict[str, Any]], tuple[int, ...]]
@@ -23,9 +24,22 @@ def autotuned(kernel: Any, configs: Sequence[triton.Config], key: Sequence[str],
     return triton.autotune(configs=chosen, key=list(key), **options)(kernel)
 
 
+def pick_config(configs: Sequence[triton.Config], m: int) -> triton.Config:
+    """A size heuristic instead of tuning: the smallest BLOCK_M that covers M (up to 64), else the
+    first (largest) config."""
+    by_rows = sorted(configs, key=lambda c: c.kwargs["BLOCK_M"])
+    for cfg in by_rows:
+        if m <= cfg.kwargs["BLOCK_M"] <= 64:
+            return cfg
+    return configs[0]
+
+
 def launch(kernel: Any, tuned: Any, grid: GridFn, args: Sequence[Any], constants: dict[str, Any],
-           config: triton.Config | None = None) -> None:
-    """Run `tuned` (autotuned) or, with `config`, the raw `kernel` with that config's meta-parameters."""
+           config: triton.Config | None = None, default: triton.Config | None = None) -> None:
+    """Run `tuned` (autotuned) or, with `config`, the raw `kernel` with that config's meta-parameters.
+    With autotuning off (runtime.autotune_enabled) the `default` config runs."""
+    if config is None and not INTERPRET and not runtime.autotune_enabled() and default is not None:
+        config = default
     if config is None:
         tuned[grid](*args, **constants)
         return

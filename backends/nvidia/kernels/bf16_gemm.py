@@ -8,7 +8,7 @@ import triton.language as tl
 
 from . import _checks
 from ._common import INTERPRET
-from ._launch import autotuned, launch, m_bucket
+from ._launch import autotuned, launch, m_bucket, pick_config
 from ._tile import gemm_tile, store_tile, tile_ids
 
 OP = "bf16_gemm_nt"
@@ -63,4 +63,4 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-    launch(bf16_gemm_nt_kernel, _tuned, grid, args, constants, config)
+    launch(bf16_gemm_nt_kernel, _tuned, grid, args, constants, config, pick_config(CONFIGS, m))

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from . import _checks
 from ._common import INTERPRET, dot, load_scales
-from ._launch import autotuned, launch, m_bucket
+from ._launch import autotuned, launch, m_bucket, pick_config
 from ._tile import store_tile, tile_ids
 
 OP = "fp8_fp4_gemm_nt"
@@ -113,4 +113,4 @@ def fp8_fp4_gemm_nt(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: to
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-    launch(fp8_fp4_gemm_nt_kernel, _tuned, grid, args, constants, config)
+    launch(fp8_fp4_gemm_nt_kernel, _tuned, grid, args, constants, config, pick_config(CONFIGS, m))

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from . import _checks
 from ._common import INTERPRET
-from ._launch import autotuned, launch, m_bucket
+from ._launch import autotuned, launch, m_bucket, pick_config
 from ._tile import gemm_tile, store_tile, tile_ids
 
 OP = "fp8_gemm_nt"
@@ -90,4 +90,4 @@ def fp8_gemm_nt(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-    launch(fp8_gemm_nt_kernel, _tuned, grid, args, constants, config)
+    launch(fp8_gemm_nt_kernel, _tuned, grid, args, constants, config, pick_config(CONFIGS, m))

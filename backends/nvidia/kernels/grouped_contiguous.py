@@ -143,4 +143,5 @@ def m_grouped_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tens
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
 
-    launch(grouped_contiguous_kernel, _tuned, grid, args, constants, config)
+    default = next(c for c in CONFIGS if alignment % c.kwargs["BLOCK_M"] == 0)
+    launch(grouped_contiguous_kernel, _tuned, grid, args, constants, config, default)

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from . import _checks
 from ._common import INTERPRET
-from ._launch import autotuned, launch, m_bucket
+from ._launch import autotuned, launch, m_bucket, pick_config
 from ._tile import gemm_tile, store_tile
 from .grouped_contiguous import check_groups
 
@@ -93,4 +93,4 @@ def m_grouped_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, 
     def grid(meta):
         return (triton.cdiv(max_m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]), g)
 
-    launch(grouped_masked_kernel, _tuned, grid, args, constants, config)
+    launch(grouped_masked_kernel, _tuned, grid, args, constants, config, pick_config(CONFIGS, int(expected_m)))

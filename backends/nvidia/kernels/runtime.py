@@ -17,9 +17,28 @@ from typing import Literal
 import torch
 
 INTERPRET_ENV = "TRITON_INTERPRET"
+#: set to 0 to launch the GEMMs with one heuristic config instead of autotuning (faster first calls)
+AUTOTUNE_ENV = "PK_TRITON_AUTOTUNE"
 Mode = Literal["compiled", "interpreter"]
 
 _fixed_mode: Mode | None = None
+
+
+_autotune: bool | None = None
+
+
+def autotune_enabled() -> bool:
+    """Whether launchers autotune over their config sets (default yes; PK_TRITON_AUTOTUNE=0 or
+    set_autotune(False) picks one config by a size heuristic: no tuning runs, fewer compiles)."""
+    if _autotune is None:
+        return os.environ.get(AUTOTUNE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return _autotune
+
+
+def set_autotune(enabled: bool | None) -> None:
+    """Force autotuning on or off for this process (None: follow PK_TRITON_AUTOTUNE again)."""
+    global _autotune
+    _autotune = enabled
 
 
 def _env_interpret() -> bool:
