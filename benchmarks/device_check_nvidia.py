@@ -567,7 +567,8 @@ def time_encoders(device: torch.device, timer: Timer) -> None:
         blocks = ceil_to_ue8m0(torch.rand(-(-mn // 128), kb).to(device) + 0.01)
         t_cuda = timer(lambda: encoders.sm90_sfa_encode(sf))
         t_torch = timer(lambda: sm90_sfa_encode(sf))
-        say(f"sm90 SFA {label:24s} cuda {fmt_time(t_cuda)} | torch {fmt_time(t_torch)} | {t_torch[0] / t_cuda[0]:5.2f}x")
+        say(f"sm90 SFA {label:24s} cuda {fmt_time(t_cuda)} | torch {fmt_time(t_torch)} | "
+            f"{t_torch[0] / t_cuda[0]:5.2f}x")
         t_cuda = timer(lambda: encoders.sm100_pack(blocks, mn, 128))
         t_torch = timer(lambda: sm100_ue8m0_encode_from_blocks(blocks, mn, 128))
         say(f"sm100 pack {label:22s} cuda {fmt_time(t_cuda)} | torch {fmt_time(t_torch)} | "

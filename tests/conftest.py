@@ -80,7 +80,7 @@ _REPORTS: dict = {}
 
 @pytest.fixture(scope="session")
 def conformance_report():
-    """`get(backend, **options)`: run_conformance(backend, quick=True, **options), once per session."""
+    """`get(backend, **options)`: the quick run_conformance of a backend, computed once per session."""
     from portable_kernels.testing import run_conformance
 
     def get(backend: str, **options):

@@ -105,7 +105,8 @@ def register(registry: Registry) -> None:
         registry.kernel(contract.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=formats, dtypes=dtypes,
                         devices=triton_devices(), check=_reasons, shape_class=_shape,
                         doc="Triton, one row tile per segment, valid rows written only")(fn)
-    for contract, fn in ((M_GROUPED_BF16_CONTIGUOUS, _grouped_mm_contiguous), (M_GROUPED_BF16_MASKED, _grouped_mm_masked)):
+    for contract, fn in ((M_GROUPED_BF16_CONTIGUOUS, _grouped_mm_contiguous),
+                         (M_GROUPED_BF16_MASKED, _grouped_mm_masked)):
         registry.kernel(contract.name, BACKEND, "grouped_mm", priority=TORCH_VENDOR_PRIORITY,
                         dtypes={"a": (torch.bfloat16,), "d": (torch.bfloat16,)}, devices=("cuda",),
                         check=_grouped_mm_reasons, shape_class=_grouped_mm_shape,

@@ -42,7 +42,8 @@ def _strides(call: TopkInputs):
 
 def register(registry: Registry) -> None:
     registry.kernel(TOPK.name, BACKEND, TRITON, priority=TRITON_PRIORITY, dtypes={"input": INPUT_DTYPES},
-                    devices=triton_devices(), check=_triton_reasons, shape_class=lambda call: call.input.stride(-1) == 1,
+                    devices=triton_devices(), check=_triton_reasons,
+                    shape_class=lambda call: call.input.stride(-1) == 1,
                     doc="Triton radix select, one program per row")(_triton_topk)
     registry.kernel(TOPK.name, BACKEND, "deep_select", priority=LIBRARY_PRIORITY, dtypes={"input": INPUT_DTYPES},
                     devices=("cuda",), check=_deep_select_reasons, shape_class=_strides,
