@@ -112,3 +112,22 @@ def test_swiglu_cast_without_routing_arguments():
     want_q, want_sf = swiglu_forward_and_per_token_cast_reference(x, 128, False)
     torch.testing.assert_close(sf, want_sf, rtol=2 ** -21, atol=0)
     assert int(((q.view(torch.uint8).int() - want_q.view(torch.uint8).int()).abs() > 1).sum()) == 0
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # numpy, inside the interpreter's reductions
+def test_fp8_cast_non_finite_blocks():
+    """NaN in a block: NaN scale, like torch's amax; Inf: inf scale. With UE8M0 such a block has no
+    scale: NaN (exponent byte 0xFF in sm100 words), which the provider turns into the contract's error."""
+    x = randn(3, 256, seed=9)
+    x[0, 5], x[1, 200] = float("nan"), float("inf")
+    q, sf = cast_fp8.cast_to_fp8(x, (1, 128), False, "plain")
+    want_q, want_sf = quantize_blocks_reference(x, 1, 128, False)
+    assert torch.equal(torch.isnan(sf), torch.isnan(want_sf)) and torch.equal(sf.isinf(), want_sf.isinf())
+    assert torch.equal(sf[torch.isfinite(sf)], want_sf[torch.isfinite(want_sf)])
+    finite_rows = torch.isfinite(sf).all(dim=1)
+    assert torch.equal(q[finite_rows].view(torch.uint8), want_q[finite_rows].view(torch.uint8))
+    _, sf8 = cast_fp8.cast_to_fp8(x, (1, 128), True, "plain")
+    assert torch.isnan(sf8[0, 0]) and torch.isnan(sf8[1, 1]) and torch.isfinite(sf8[2]).all()
+    _, words = cast_fp8.cast_to_fp8(x, (1, 128), True, "sm100")
+    exponents = torch.stack([(words[:, 0] >> s) & 0xFF for s in (0, 8)], dim=1)
+    assert exponents[0, 0] == 0xFF and exponents[1, 1] == 0xFF and (exponents[2] != 0xFF).all()

@@ -28,7 +28,7 @@ _E4M3_BIAS = 7
 
 @triton.jit
 def e4m3_codes(x, INTERPRET: tl.constexpr):
-    """uint8 e4m3fn codes of fp32 `x` (finite, |x| <= 448), rounded to nearest, ties to even."""
+    """uint8 e4m3fn codes of fp32 `x` (|x| <= 448 or NaN), rounded to nearest, ties to even; NaN -> 0x7F | sign."""
     if INTERPRET:
         bits = x.to(tl.int32, bitcast=True)
         sign = (bits >> 24) & 0x80
@@ -39,7 +39,8 @@ def e4m3_codes(x, INTERPRET: tl.constexpr):
         normal = (rounded >> 20) - ((127 - 7) << 3)
         # below 2^-6 (subnormal e4m3, steps of 2^-9): the FPU rounds mag * 2^9 + 2^23 to an integer
         sub = (mag * 512.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
-        code = tl.where(mag < 0.015625, sub, normal) | sign
+        code = tl.where(mag < 0.015625, sub, normal)
+        code = tl.where(mag != mag, 0x7F, code) | sign  # NaN keeps its sign, like torch's cast
         return code.to(tl.uint8)
     else:
         return x.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
@@ -97,6 +98,26 @@ def ceil_ue8m0(sf):
     e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
     e = tl.minimum(tl.maximum(e, 1), 254)
     return (e << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def block_scale(amax, nonfinite, floor, fp_max, UE8M0: tl.constexpr):
+    """The contract's block scale: max(amax, floor) / fp_max (IEEE division), rounded up to a power
+    of two with UE8M0. A block holding NaN gets a NaN scale (as torch's amax propagates it); with
+    UE8M0 a block holding NaN or Inf has no scale and gets NaN too (exponent byte 0xFF), which
+    the provider turns into the contract's error where values are checked."""
+    sf = tl.math.div_rn(tl.maximum(amax, floor, propagate_nan=tl.PropagateNan.ALL), fp_max)
+    if UE8M0:
+        sf = tl.where(nonfinite > 0, float("nan"), ceil_ue8m0(sf))
+    return sf
+
+
+@triton.jit
+def nonfinite_rows(x):
+    """Per row of a 2-D tile: (whether it holds NaN, whether it holds NaN or Inf), as int32."""
+    nan = tl.max((x != x).to(tl.int32), axis=1)
+    inf = tl.max((tl.abs(x) == float("inf")).to(tl.int32), axis=1)
+    return nan, tl.maximum(nan, inf)
 
 
 @triton.jit

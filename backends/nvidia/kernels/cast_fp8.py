@@ -16,7 +16,7 @@ import triton.language as tl
 from portable_kernels.layouts.constants import FP8_E4M3_MAX, SCALE_AMAX_FLOOR
 
 from . import _checks
-from ._common import INTERPRET, ceil_ue8m0, e4m3_codes
+from ._common import INTERPRET, block_scale, e4m3_codes, nonfinite_rows
 from ._scale_out import SCALE_FORMS, ScaleForm, scale_out, store_scales
 
 OPS = {True: "per_token_cast_to_fp8", False: "per_block_cast_to_fp8"}
@@ -43,12 +43,14 @@ def cast_fp8_kernel(x_ptr, q_ptr, sf_ptr, ROWS, K, stride_xg, stride_xr, stride_
     x = tl.load(x_ptr + group.to(tl.int64) * stride_xg + rows[:, None].to(tl.int64) * stride_xr + cols[None, :],
                 mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
+    has_nan, nonfinite = nonfinite_rows(x)
     if GRAN_MN > 1:  # the program holds exactly one block of GRAN_MN rows
         amax = tl.zeros_like(amax) + tl.max(amax, axis=0)
-    sf = tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR), FP8_MAX)
-    if UE8M0:
-        sf = ceil_ue8m0(sf)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(x, sf[:, None]), -FP8_MAX), FP8_MAX)
+        has_nan = tl.zeros_like(has_nan) + tl.max(has_nan, axis=0)
+        nonfinite = tl.zeros_like(nonfinite) + tl.max(nonfinite, axis=0)
+    amax = tl.where(has_nan > 0, float("nan"), amax)
+    sf = block_scale(amax, nonfinite, AMAX_FLOOR, FP8_MAX, UE8M0)
+    q = tl.clamp(tl.math.div_rn(x, sf[:, None]), -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
     tl.store(q_ptr + group.to(tl.int64) * stride_qg + rows[:, None].to(tl.int64) * stride_qr + cols[None, :],
              e4m3_codes(q, INTERPRET), mask=mask)
     store_scales(sf_ptr + group.to(tl.int64) * sf_stride_g, sf, rows, row_mask, kb, sf_stride_row, sf_stride_k,

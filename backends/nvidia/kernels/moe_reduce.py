@@ -43,7 +43,7 @@ def moe_reduce_kernel(x_ptr, xsf_ptr, w_ptr, ttp_ptr, sf_ptr, out_ptr, P, H, str
     if OUT_KIND == 2:
         if HAS_SF:
             acc = acc * tl.load(sf_ptr)
-        acc = tl.minimum(tl.maximum(acc, -FP8_MAX), FP8_MAX)
+        acc = tl.clamp(acc, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
         tl.store(out_ptr + token * stride_o + cols, e4m3_codes(acc, INTERPRET), mask=cmask)
     else:
         tl.store(out_ptr + token * stride_o + cols, to_out(acc, OUT_KIND == 1, INTERPRET), mask=cmask)

@@ -16,7 +16,7 @@ import triton.language as tl
 from portable_kernels.layouts.constants import FP8_E4M3_MAX, SCALE_AMAX_FLOOR
 
 from . import _checks
-from ._common import INTERPRET, ceil_ue8m0, e4m3_codes
+from ._common import INTERPRET, block_scale, e4m3_codes, nonfinite_rows
 from ._scale_out import ScaleForm, scale_out, store_scales
 from .cast_fp8 import INPUT_DTYPES, check_form
 
@@ -33,8 +33,8 @@ def _swiglu(x_ptr, rows, cols, mask, stride_xr, I, weight, valid, CLAMP: tl.cons
     up = tl.load(base + I, mask=mask, other=0.0).to(tl.float32)
     g, u = gate, up
     if CLAMP:
-        g = tl.minimum(g, clamp_value)
-        u = tl.minimum(tl.maximum(u, -clamp_value), clamp_value)
+        g = tl.minimum(g, clamp_value, propagate_nan=tl.PropagateNan.ALL)
+        u = tl.clamp(u, -clamp_value, clamp_value, propagate_nan=tl.PropagateNan.ALL)
     y = tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u * weight[:, None]
     return tl.where(valid[:, None], y, 0.0), gate, up
 
@@ -58,6 +58,8 @@ def swiglu_cast_kernel(x_ptr, q_ptr, sf_ptr, ttk_ptr, w_ptr, pte_ptr, count_ptr,
         weight = tl.load(w_ptr + tl.maximum(slot, 0), mask=valid, other=0.0)
     j = tl.arange(0, CHUNK)
     amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    has_nan = tl.zeros((BLOCK_R,), dtype=tl.int32)
+    nonfinite = tl.zeros((BLOCK_R,), dtype=tl.int32)
     # per-row counts in int32 (a program sees at most BLOCK_R x NPC elements), summed once at the end
     n_gate = tl.zeros((BLOCK_R,), dtype=tl.int32)
     n_up_hi = tl.zeros((BLOCK_R,), dtype=tl.int32)
@@ -67,6 +69,9 @@ def swiglu_cast_kernel(x_ptr, q_ptr, sf_ptr, ttk_ptr, w_ptr, pte_ptr, count_ptr,
         mask = row_mask[:, None] & (cols[None, :] < I) & (c0 + j[None, :] < NPC)
         y, gate, up = _swiglu(x_ptr, rows, cols, mask, stride_xr, I, weight, valid, CLAMP, clamp_value)
         amax = tl.maximum(amax, tl.max(tl.abs(y), axis=1))
+        chunk_nan, chunk_bad = nonfinite_rows(y)
+        has_nan = tl.maximum(has_nan, chunk_nan)
+        nonfinite = tl.maximum(nonfinite, chunk_bad)
         if COUNT:
             counted = mask & valid[:, None]
             n_gate += tl.sum((counted & (gate > clamp_value)).to(tl.int32), axis=1)
@@ -76,14 +81,12 @@ def swiglu_cast_kernel(x_ptr, q_ptr, sf_ptr, ttk_ptr, w_ptr, pte_ptr, count_ptr,
         tl.atomic_add(count_ptr, tl.sum(n_gate, axis=0).to(tl.int64))
         tl.atomic_add(count_ptr + 1, tl.sum(n_up_hi, axis=0).to(tl.int64))
         tl.atomic_add(count_ptr + 2, tl.sum(n_up_lo, axis=0).to(tl.int64))
-    sf = tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR), FP8_MAX)
-    if UE8M0:
-        sf = ceil_ue8m0(sf)
+    sf = block_scale(tl.where(has_nan > 0, float("nan"), amax), nonfinite, AMAX_FLOOR, FP8_MAX, UE8M0)
     for c0 in range(0, NPC, CHUNK):
         cols = kb * NPC + c0 + j
         mask = row_mask[:, None] & (cols[None, :] < I) & (c0 + j[None, :] < NPC)
         y, gate, up = _swiglu(x_ptr, rows, cols, mask, stride_xr, I, weight, valid, CLAMP, clamp_value)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(y, sf[:, None]), -FP8_MAX), FP8_MAX)
+        q = tl.clamp(tl.math.div_rn(y, sf[:, None]), -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
         tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_qr + cols[None, :], e4m3_codes(q, INTERPRET), mask=mask)
     store_scales(sf_ptr, sf, rows, row_mask, kb, sf_stride_row, sf_stride_k, SF_KIND, 1)
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from portable_kernels.mla import FLASH_MLA_WITH_KVCACHE, GET_MLA_METADATA, MlaDecodeInputs, MlaMetadataInputs
+from portable_kernels.mla import (FLASH_MLA_WITH_KVCACHE, GET_MLA_METADATA, MlaDecodeInputs, MlaMetadataInputs,
+                                  reject_bad_cache_references)
 from portable_kernels.registry import Registry
 
 from ..vendor import flash_mla
@@ -39,6 +40,7 @@ def _schedule(call: MlaDecodeInputs) -> tuple[Any, Any]:
 
 
 def _decode(call: MlaDecodeInputs) -> None:
+    reject_bad_cache_references(call)  # before the cache is read (the kernel also clamps, never reads outside)
     meta, num_splits = _schedule(call)
     kernel("mla_decode").flash_mla_with_kvcache(call.q, call.k_cache, call.block_table, call.cache_seqlens,
                                                 call.softmax_scale, call.causal, call.is_fp8_kvcache, call.indices,
@@ -51,6 +53,7 @@ def _flash_mla_reasons(call: MlaDecodeInputs) -> list[str]:
 
 
 def _flash_mla(call: MlaDecodeInputs) -> None:
+    reject_bad_cache_references(call)
     flash_mla.decode_call(call.q, call.k_cache, call.block_table, call.cache_seqlens, call.head_dim_v,
                           call.softmax_scale, call.causal, call.is_fp8_kvcache, call.indices).run(call.out, call.lse)
 

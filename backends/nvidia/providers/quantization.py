@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from portable_kernels.contract import checks_values
 from portable_kernels.fp4 import PER_TOKEN_CAST_FP4, SWIGLU_CAST, SwigluCastInputs
 from portable_kernels.layouts import PLAIN, SM90, SM100
-from portable_kernels.quantization import PER_BLOCK_CAST, PER_TOKEN_CAST, CastInputs
+from portable_kernels.quantization import PER_BLOCK_CAST, PER_TOKEN_CAST, CastInputs, nonfinite_ue8m0_error
 from portable_kernels.registry import Registry
 
 from ._common import BACKEND, SCALE_FORM, TRITON, TRITON_PRIORITY, kernel, triton_devices, triton_reasons
@@ -40,8 +43,25 @@ def _fp4_reasons(call: CastInputs) -> list[str]:
     return out
 
 
+def _refuse_unscalable(op: str, use_ue8m0: bool, scale: torch.Tensor) -> None:
+    """The contract's error for NaN/Inf input with power-of-two scales: the kernels give such a block
+    a NaN scale (exponent byte 0xFF); found here from the small scale tensor, where values are read."""
+    if not use_ue8m0 or scale.numel() == 0 or not checks_values(scale):
+        return
+    if scale.dtype == torch.int32:  # four exponent bytes per word (the storage is MN-major: no byte view)
+        nan = any(bool((((scale >> shift) & 0xFF) == 0xFF).any()) for shift in (0, 8, 16, 24))
+    else:
+        nan = torch.isnan(scale).any()
+    if bool(nan):
+        raise nonfinite_ue8m0_error(op)
+
+
 def _fp8_cast(call: CastInputs) -> Any:
-    return kernel("cast_fp8").cast_to_fp8(call.x, tuple(call.granularity), call.use_ue8m0, SCALE_FORM[call.out_format])
+    data, scale = kernel("cast_fp8").cast_to_fp8(call.x, tuple(call.granularity), call.use_ue8m0,
+                                                 SCALE_FORM[call.out_format])
+    _refuse_unscalable(PER_TOKEN_CAST.name if call.granularity[0] == 1 else PER_BLOCK_CAST.name, call.use_ue8m0,
+                       scale)
+    return data, scale
 
 
 def _fp4_cast(call: CastInputs) -> Any:
@@ -56,9 +76,12 @@ def _swiglu_reasons(call: SwigluCastInputs) -> list[str]:
 
 
 def _swiglu_cast(call: SwigluCastInputs) -> Any:
-    return kernel("swiglu_cast").swiglu_cast(call.x, call.num_per_channels, call.round_sf, call.pos_to_token_topk,
-                                             call.topk_weights, call.pos_to_expert, call.swiglu_clamp_value,
-                                             call.clamped_count, SCALE_FORM[call.out_format])
+    data, scale = kernel("swiglu_cast").swiglu_cast(call.x, call.num_per_channels, call.round_sf,
+                                                    call.pos_to_token_topk, call.topk_weights, call.pos_to_expert,
+                                                    call.swiglu_clamp_value, call.clamped_count,
+                                                    SCALE_FORM[call.out_format])
+    _refuse_unscalable(SWIGLU_CAST.name, call.round_sf, scale)
+    return data, scale
 
 
 def register(registry: Registry) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from portable_kernels.registry import Registry
-from portable_kernels.topk import TOPK, TopkInputs
+from portable_kernels.topk import TOPK, TopkInputs, reject_nan
 
 from ..vendor import deep_select
 from ._common import BACKEND, LIBRARY_PRIORITY, TRITON, TRITON_PRIORITY, kernel, triton_devices, triton_reasons
@@ -14,6 +14,7 @@ INPUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def _triton_topk(call: TopkInputs):
+    reject_nan(call.input, call.end)  # the contract's NaN rule, where values are read (see checks_values)
     return kernel("topk").topk(call.input, call.topk, call.end, call.sorted, call.sorted_index, call.indices_type,
                                call.idx_oob_fill_value, call.value_oob_fill_value, call.return_value)
 
@@ -31,6 +32,7 @@ def _deep_select_reasons(call: TopkInputs) -> list[str]:
 
 
 def _deep_select(call: TopkInputs):
+    reject_nan(call.input, call.end)
     kwargs = deep_select.topk_kwargs(call.topk, call.end, call.sorted, call.sorted_index, call.indices_type,
                                      call.idx_oob_fill_value, call.value_oob_fill_value, call.return_value)
     return deep_select.run(call.input, kwargs)
