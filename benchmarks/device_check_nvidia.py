@@ -219,9 +219,17 @@ def conformance(quick: bool) -> list[str]:
     from portable_kernels.backends.nvidia.kernels import runtime
     from portable_kernels.testing import run_conformance
     runtime.set_autotune(False)  # correctness needs no tuning; one config per call compiles far less
+    previous = os.environ.get("PK_CHECK_VALUES")
+    os.environ["PK_CHECK_VALUES"] = "1"  # run the providers' value checks (NaN, cache references) on cuda too
     t0 = time.perf_counter()
-    report = run_conformance(backend="nvidia", quick=quick)
-    runtime.set_autotune(None)
+    try:
+        report = run_conformance(backend="nvidia", quick=quick)
+    finally:
+        runtime.set_autotune(None)
+        if previous is None:
+            os.environ.pop("PK_CHECK_VALUES", None)
+        else:
+            os.environ["PK_CHECK_VALUES"] = previous
     for line in report.format_table().splitlines():
         say(line)
     cases = sum(r.cases for r in report.ops.values())

@@ -71,3 +71,28 @@ def test_scale_loads_read_sm90_and_sm100_bytes(packed):
     out = torch.full((rows, kbs), float("nan"))
     _read_scales[(1,)](storage, out, rows, kbs, storage.stride(0), storage.stride(1), RB=8, PACKED=packed)
     assert torch.equal(out, sf)
+
+
+def test_interpreted_launches_from_several_threads_do_not_collide():
+    """Triton's interpreter patches triton.language per launch: the launchers serialize themselves."""
+    import threading
+    from portable_kernels.backends.nvidia.kernels import cast_fp8, topk
+    x = torch.randn(16, 256, generator=torch.Generator().manual_seed(3))
+    errors, barrier = [], threading.Barrier(6)
+
+    def work(i):
+        barrier.wait()
+        try:
+            if i % 2:
+                topk.topk(x, 4)
+            else:
+                cast_fp8.cast_to_fp8(x, (1, 128), True, "sm100")
+        except Exception as exc:  # collected, asserted below
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -12,6 +12,10 @@ traps are handled here, each behind the `INTERPRET` constexpr so the GPU keeps i
 
 from __future__ import annotations
 
+import functools
+import threading
+from typing import Any, Callable, TypeVar
+
 import triton
 import triton.language as tl
 
@@ -20,6 +24,24 @@ from . import runtime
 #: whether the kernels of this process run in Triton's interpreter (decided at decoration)
 INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 runtime.note_mode(INTERPRET)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_INTERPRETER_LOCK = threading.RLock()
+
+
+def serialized(fn: _F) -> _F:
+    """Launch functions run one at a time in interpreter mode: Triton's interpreter patches
+    triton.language globally for each launch, so two threads launching at once break each other
+    (seen as "Did you forget to add @triton.jit?"). Compiled launches are left concurrent."""
+    if not INTERPRET:
+        return fn
+
+    @functools.wraps(fn)
+    def one_at_a_time(*args: Any, **kwargs: Any) -> Any:
+        with _INTERPRETER_LOCK:
+            return fn(*args, **kwargs)
+    return one_at_a_time  # type: ignore[return-value]
+
 
 #: fp32 exponent bias, and the e4m3 one
 _F32_BIAS = 127

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._common import INTERPRET
+from ._common import INTERPRET, serialized
 from ._launch import autotuned, launch, m_bucket, pick_config
 from ._tile import gemm_tile, store_tile, tile_ids
 
@@ -40,6 +40,7 @@ CONFIGS = [
 _tuned = autotuned(bf16_gemm_nt_kernel, CONFIGS, key=["M_BUCKET", "N", "K", "HAS_C", "OUT_BF16"])
 
 
+@serialized
 def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None, *,
                  config: triton.Config | None = None) -> None:
     """D = C + A·Bᵀ written into d. a: bf16 [M, K], b: bf16 [N, K] (both K-major); d: bf16/fp32 [M, N]

@@ -16,7 +16,7 @@ import triton.language as tl
 from portable_kernels.layouts.constants import FP4_E2M1_MAX, SCALE_AMAX_FLOOR
 
 from . import _checks
-from ._common import ceil_ue8m0
+from ._common import ceil_ue8m0, serialized
 from ._scale_out import ScaleForm, scale_out, store_scales
 from .cast_fp8 import INPUT_DTYPES, MAX_BLOCK, TOKEN_ROWS, check_form
 
@@ -68,6 +68,7 @@ def cast_fp4_kernel(x_ptr, q_ptr, sf_ptr, ROWS, K, stride_xg, stride_xr, stride_
                  SF_KIND, 1)
 
 
+@serialized
 def cast_to_fp4(x: torch.Tensor, gran_k: int, use_ue8m0: bool,
                 scale_form: ScaleForm = "plain") -> tuple[torch.Tensor, torch.Tensor]:
     """x bf16/fp16/fp32 [(G,) M, K] (K even, finite) -> (uint8 [(G,) M, K/2] packed E2M1, scales).

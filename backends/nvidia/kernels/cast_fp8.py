@@ -16,7 +16,7 @@ import triton.language as tl
 from portable_kernels.layouts.constants import FP8_E4M3_MAX, SCALE_AMAX_FLOOR
 
 from . import _checks
-from ._common import INTERPRET, block_scale, e4m3_codes, nonfinite_rows
+from ._common import INTERPRET, block_scale, e4m3_codes, nonfinite_rows, serialized
 from ._scale_out import SCALE_FORMS, ScaleForm, scale_out, store_scales
 
 OPS = {True: "per_token_cast_to_fp8", False: "per_block_cast_to_fp8"}
@@ -65,6 +65,7 @@ def check_form(op: str, form: str, use_ue8m0: bool) -> None:
                      "quantize with use_ue8m0=True")
 
 
+@serialized
 def cast_to_fp8(x: torch.Tensor, granularity: tuple[int, int], use_ue8m0: bool,
                 scale_form: ScaleForm = "plain") -> tuple[torch.Tensor, torch.Tensor]:
     """x bf16/fp16/fp32 [(G,) MN, K] -> (e4m3 [(G,) MN, K], scales in `scale_form`).

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._common import INTERPRET, dot, load_scales
+from ._common import INTERPRET, dot, load_scales, serialized
 from ._launch import autotuned, launch, m_bucket, pick_config
 from ._tile import store_tile, tile_ids
 
@@ -77,6 +77,7 @@ _tuned = autotuned(fp8_fp4_gemm_nt_kernel, CONFIGS, key=["M_BUCKET", "N", "K", "
                                                          "SA_PACKED", "SB_PACKED", "HAS_C", "OUT_BF16"])
 
 
+@serialized
 def fp8_fp4_gemm_nt(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
                     c: torch.Tensor | None = None, *, gran_a: tuple[int, int] = (1, 128),
                     gran_b: tuple[int, int] = (1, 32), config: triton.Config | None = None) -> None:

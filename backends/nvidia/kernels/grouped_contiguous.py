@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._common import INTERPRET
+from ._common import INTERPRET, serialized
 from ._launch import autotuned, launch
 from ._tile import gemm_tile, store_tile
 
@@ -95,6 +95,7 @@ def check_groups(op: str, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, 
         _checks.fail(op, "a", "empty along K", "K >= 1", "a GEMM over K = 0 has nothing to compute")
 
 
+@serialized
 def m_grouped_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, grouped_layout: torch.Tensor,
                                  *, sfa: torch.Tensor | None = None, sfb: torch.Tensor | None = None,
                                  gran_a: tuple[int, int] = (1, 128), gran_b: tuple[int, int] = (128, 128),

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._common import INTERPRET
+from ._common import INTERPRET, serialized
 from ._launch import autotuned, launch, m_bucket, pick_config
 from ._tile import gemm_tile, store_tile
 from .grouped_contiguous import check_groups
@@ -52,6 +52,7 @@ _tuned = autotuned(grouped_masked_kernel, CONFIGS, key=["EXPECTED_M_BUCKET", "MA
                                                         "SA_PACKED", "SB_PACKED", "OUT_BF16"])
 
 
+@serialized
 def m_grouped_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
                              expected_m: int, *, sfa: torch.Tensor | None = None, sfb: torch.Tensor | None = None,
                              gran_a: tuple[int, int] = (1, 128), gran_b: tuple[int, int] = (128, 128),

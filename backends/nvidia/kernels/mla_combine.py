@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, to_bf16
+from ._common import INTERPRET, serialized, to_bf16
 
 #: query rows (heads) per combine program
 BLOCK_HC = 16
@@ -57,6 +57,7 @@ def mla_combine_kernel(splits_ptr, oacc_ptr, lacc_ptr, out_ptr, lse_ptr, S_Q, H_
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s, lse, mask=hmask)
 
 
+@serialized
 def mla_combine(num_splits: torch.Tensor, oacc: torch.Tensor, lacc: torch.Tensor, out: torch.Tensor,
                 lse: torch.Tensor) -> None:
     """Merge the partials of split batches (num_splits int32 [b + 1] prefix sums) into out and lse."""

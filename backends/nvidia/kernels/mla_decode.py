@@ -24,7 +24,7 @@ import triton.language as tl
 from portable_kernels.layouts.constants import KV_LATENT_DIM, KV_ROPE_DIM, KV_ROPE_OFFSET, KV_SCALE_TILE
 
 from . import _checks
-from ._common import INTERPRET, dot, to_bf16
+from ._common import INTERPRET, dot, serialized, to_bf16
 from .mla_combine import mla_combine
 from .mla_metadata import BLOCK_H, BLOCK_N, META_FIELDS
 
@@ -148,6 +148,7 @@ def mla_decode_kernel(q_ptr, kv_ptr, table_ptr, seqlens_ptr, idx_ptr, meta_ptr, 
                 tl.store(lacc_ptr + slot_b * stride_las + s * stride_laq + heads, lse, mask=hmask)
 
 
+@serialized
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor | None,
                            cache_seqlens: torch.Tensor | None, softmax_scale: float, causal: bool,
                            is_fp8_kvcache: bool, indices: torch.Tensor | None, tile_scheduler_metadata: torch.Tensor,

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
+from ._common import serialized
 
 OP = "expand_to_fused"
 BLOCK = 1024
@@ -49,6 +50,7 @@ def moe_expand_kernel(x_ptr, sf_ptr, ttp_ptr, pte_ptr, out_ptr, out_sf_ptr, PAIR
                          mask=scols < S)
 
 
+@serialized
 def expand_to_fused(x: torch.Tensor, x_sf: torch.Tensor | None, token_topk_to_pos: torch.Tensor,
                     pos_to_expert: torch.Tensor, out: torch.Tensor, out_sf: torch.Tensor | None) -> None:
     """Write out [P, H] (x's dtype) and out_sf fp32 [P, S] (any strides) from x [T, H], x_sf [T, S]."""

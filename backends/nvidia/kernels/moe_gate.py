@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
+from ._common import serialized
 
 OP = "top2_sum_gate"
 SCORING = {"sigmoid": 0, "sqrtsoftplus": 1}
@@ -106,6 +107,7 @@ def moe_gate_kernel(logits_ptr, bias_ptr, mask_ptr, idx_ptr, w_ptr, T, E, PER, f
     tl.store(w_ptr + tokens[:, None].to(tl.int64) * stride_w + slots[None, :], out_w, mask=smask)
 
 
+@serialized
 def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor | None, num_topk: int, num_topk_groups: int,
                   num_groups: int, routed_scaling_factor: float = 1.0, scoring_func: str = "sigmoid",
                   normalize: bool = True, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ import triton.language as tl
 from portable_kernels.layouts.constants import FP8_E4M3_MAX
 
 from . import _checks
-from ._common import INTERPRET, e4m3_codes, to_out
+from ._common import INTERPRET, e4m3_codes, serialized, to_out
 
 OP = "reduce_fused"
 BLOCK = 512
@@ -49,6 +49,7 @@ def moe_reduce_kernel(x_ptr, xsf_ptr, w_ptr, ttp_ptr, sf_ptr, out_ptr, P, H, str
         tl.store(out_ptr + token * stride_o + cols, to_out(acc, OUT_KIND == 1, INTERPRET), mask=cmask)
 
 
+@serialized
 def reduce_fused(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torch.Tensor | None,
                  token_topk_to_pos: torch.Tensor, sf: torch.Tensor | None, fp8: bool, out: torch.Tensor) -> None:
     """out [T, H] (x's dtype, or e4m3 with fp8) from x bf16/fp32 [P, H] and the mapping [T, k]."""

@@ -16,7 +16,7 @@ import triton.language as tl
 from portable_kernels.layouts.constants import FP8_E4M3_MAX, SCALE_AMAX_FLOOR
 
 from . import _checks
-from ._common import INTERPRET, block_scale, e4m3_codes, nonfinite_rows
+from ._common import INTERPRET, block_scale, e4m3_codes, nonfinite_rows, serialized
 from ._scale_out import ScaleForm, scale_out, store_scales
 from .cast_fp8 import INPUT_DTYPES, check_form
 
@@ -91,6 +91,7 @@ def swiglu_cast_kernel(x_ptr, q_ptr, sf_ptr, ttk_ptr, w_ptr, pte_ptr, count_ptr,
     store_scales(sf_ptr, sf, rows, row_mask, kb, sf_stride_row, sf_stride_k, SF_KIND, 1)
 
 
+@serialized
 def swiglu_cast(x: torch.Tensor, num_per_channels: int, round_sf: bool,
                 pos_to_token_topk: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
                 pos_to_expert: torch.Tensor | None = None, swiglu_clamp_value: float | None = None,

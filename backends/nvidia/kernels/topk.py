@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
+from ._common import serialized
 
 OP = "topk"
 INPUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -112,6 +113,7 @@ def topk_kernel(x_ptr, end_ptr, val_ptr, idx_ptr, N, TOPK, stride_x, stride_v, s
             tl.store(v_row + slots, tl.full((BLOCK_N,), val_fill, tl.int32).to(v_row.dtype.element_ty), mask=fill)
 
 
+@serialized
 def topk(input: torch.Tensor, k: int, end: torch.Tensor | None = None, sorted: bool = False,
          sorted_index: bool = False, indices_type: torch.dtype = torch.int64, idx_oob_fill_value: int = 2 ** 31 - 1,
          value_oob_fill_value: float = float("-inf"),
