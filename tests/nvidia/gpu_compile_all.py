@@ -118,6 +118,9 @@ def routing_specimens(all_configs: bool):
     yield ("moe_gate grouped sigmoid", lambda: moe_gate.top2_sum_gate(
         logits, torch.zeros(256), 8, 4, 8, 2.5, "sigmoid", True, torch.ones(64, dtype=torch.bool)))
     yield ("moe_gate sqrtsoftplus", lambda: moe_gate.top2_sum_gate(logits, None, 8, 0, 0, 1.0, "sqrtsoftplus"))
+    yield ("moe_gate softmax fixed routes", lambda: moe_gate.top2_sum_gate(
+        logits, torch.zeros(256), 8, 4, 8, 1.0, "softmax", True, None, torch.zeros(64, 8, dtype=torch.int64),
+        torch.zeros(64, dtype=torch.bool)))
     ttp = torch.zeros(64, 8, dtype=torch.int32)
     pte = torch.zeros(1024, dtype=torch.int32)
     yield ("moe_expand fp8 with sf", lambda: moe_expand.expand_to_fused(

@@ -21,6 +21,8 @@ GATES = [  # t, e, k, topk_groups, groups, factor, scoring, normalize, bias, mas
     (5, 24, 6, 3, 3, 1.0, "sigmoid", True, True, False),
     (3, 24, 2, 2, 8, 1.0, "sqrtsoftplus", True, True, False),  # groups of 3 experts
     (40, 256, 8, 4, 8, 2.5, "sigmoid", True, True, True),
+    (16, 64, 8, 4, 8, 2.5, "softmax", True, True, False),
+    (9, 32, 6, 0, 0, 1.0, "softmax", False, False, True),
 ]
 
 
@@ -39,6 +41,16 @@ def test_gate_breaks_exact_ties_by_smaller_index():
     logits, bias = tied_gate_logits(6, 32, 8, seed=4)
     idx, _ = moe_gate.top2_sum_gate(logits, bias, 4, 2, 8)
     assert torch.equal(idx, top2_sum_gate_reference(logits, bias, 4, 2, 8)[0])
+
+
+def test_gate_keeps_fixed_routes_with_fresh_weights():
+    logits, bias = randn(6, 32, seed=7, scale=3.0), randn(32, seed=8, scale=0.1)
+    fixed = torch.randint(0, 32, (6, 4), generator=generator(9))
+    fix = torch.tensor([True, False, True, False, False, True])
+    idx, w = moe_gate.top2_sum_gate(logits, bias, 4, 2, 4, 2.0, "softmax", True, None, fixed, fix)
+    want_idx, want_w = top2_sum_gate_reference(logits, bias, 4, 2, 4, 2.0, "softmax", True, None, fixed, fix)
+    assert torch.equal(idx, want_idx) and torch.equal(idx[fix], fixed[fix])
+    torch.testing.assert_close(w, want_w, rtol=1e-6, atol=0)
 
 
 def _mapping(t, k, e, alignment, seed):

@@ -11,7 +11,7 @@ from ._common import BACKEND, TRITON, TRITON_PRIORITY, kernel, triton_devices, t
 def _gate(call):
     return kernel("moe_gate").top2_sum_gate(call.logits, call.bias, call.num_topk, call.num_topk_groups,
                                             call.num_groups, call.routed_scaling_factor, call.scoring_func,
-                                            call.normalize, call.mask)
+                                            call.normalize, call.mask, call.fixed_topk_idx, call.fix_routing_mask)
 
 
 def _expand(call) -> None:
