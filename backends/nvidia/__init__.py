@@ -70,6 +70,11 @@ def register(registry: Registry) -> None:
     backend = NvidiaBackend()
     registry.add_backend(backend)
     register_oracles(registry, backend)
+    try:  # prepare_inputs on cuda tensors encodes SM90/SM100 scales with the CUDA C++ encoders
+        from .cuda import register_encoders
+        register_encoders()
+    except Exception as exc:
+        registry.record_broken(f"{NAME}.cuda_encoders", exc)
     from . import providers
     for info in sorted(pkgutil.iter_modules(providers.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):

@@ -1,29 +1,44 @@
 """CUDA C++ kernels of the nvidia backend, built and loaded through deepjit (the library's one
-JIT context, so their cubins share the build cache with every other backend's native code).
+JIT context, `portable_kernels.native.build.JIT`, so their cubins share the build cache with the
+cpu backend's C++ kernels and the shared host layout encoders).
 
 `layout_encoders.cu` holds the GPU encoders of the sm90 and sm100 scale formats that
 prepare_inputs runs at ingest. `build(arch)` compiles the cubin for sm_90a or sm_100a (works
 without a GPU: CI builds both); `sm90_sfa_encode` / `sm100_pack` validate their arguments in
-Python, then launch through deepjit's CUDA driver loader on cuda tensors. They have been compiled
-here but never run: no GPU was available to this work (see docs/device-checks.md).
+Python, then launch through deepjit's CUDA driver loader on cuda tensors. `register_encoders()`
+(called by the backend's register) makes prepare_inputs use them for SM90/SM100 operands on cuda
+tensors; if they cannot load there, the torch encoders run. They have been compiled here but
+never run: no GPU was available to this work (see docs/device-checks.md).
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import deepjit
-from portable_kernels.jit import jit
-from portable_kernels.layouts import LayoutConversionError, tma_aligned_mn
+from portable_kernels.layouts import SM90, SM100, LayoutConversionError, tma_aligned_mn
+from portable_kernels.layouts.format import Encoded
+from portable_kernels.native import build as native_build
+from portable_kernels.native.layout_encoders import register_device_encoder
+
+log = logging.getLogger(__name__)
+_USABLE: dict[tuple[str, int | None], bool] = {}
 
 SOURCE_FILE = Path(__file__).with_name("layout_encoders.cu")
 MODULE = "pk_nvidia_layout_encoders"
 #: CUDA architectures built: Hopper and Blackwell
 ARCHS = {"sm90": "sm_90a", "sm100": "sm_100a"}
 THREADS = 256
+
+
+def jit() -> deepjit.JitContext:
+    """The library's one deepjit context (portable_kernels/native/build.py), looked up at each use."""
+    return native_build.JIT
 
 
 def source() -> str:
@@ -56,6 +71,43 @@ def _as_groups(sf: torch.Tensor, what: str) -> tuple[torch.Tensor, bool]:
     if sf.device.type != "cuda":
         raise LayoutConversionError(f"{what}: the CUDA encoders take cuda tensors, got {sf.device}")
     return (sf if sf.dim() == 3 else sf.unsqueeze(0)), sf.dim() == 3
+
+
+def _usable(device: torch.device) -> bool:
+    """Whether the encoders can run on this cuda device here (built and loaded once; a failure is
+    logged once and prepare_inputs keeps the torch encoders)."""
+    key = (device.type, device.index)
+    if key not in _USABLE:
+        try:
+            _module(device)
+            _USABLE[key] = True
+        except Exception as exc:  # no driver, no nvcc, an unsupported arch: the torch encoders run
+            log.warning("CUDA layout encoders unavailable on %s (%s); prepare_inputs uses the torch encoders",
+                        device, exc)
+            _USABLE[key] = False
+    return _USABLE[key]
+
+
+def encode_sm90(operand: Any) -> Encoded | None:
+    """SM90 operand bytes for prepare_inputs: per-row scales through the CUDA encoder (block scales,
+    SFB, are stored as is: the torch copy is already one pass)."""
+    if operand.granularity[0] != 1 or not _usable(operand.data.device):
+        return None
+    return Encoded(operand.data.contiguous(), sm90_sfa_encode(operand.scale), tuple(operand.granularity))
+
+
+def encode_sm100(operand: Any) -> Encoded | None:
+    """SM100 operand bytes for prepare_inputs (power-of-two check, packing and row broadcast in one pass)."""
+    if not _usable(operand.data.device):
+        return None
+    gm, gk = operand.granularity
+    return Encoded(operand.data.contiguous(), sm100_pack(operand.scale, operand.shape[-2], gm), (1, gk))
+
+
+def register_encoders() -> None:
+    """Make prepare_inputs use these encoders for SM90/SM100 operands on cuda tensors."""
+    register_device_encoder("cuda", SM90.name, encode_sm90)
+    register_device_encoder("cuda", SM100.name, encode_sm100)
 
 
 def sm90_sfa_encode(sf: torch.Tensor) -> torch.Tensor:
