@@ -19,7 +19,8 @@ GridFn = Callable[[dict[str, Any]], tuple[int, ...]]
 
 def autotuned(kernel: Any, configs: Sequence[triton.Config], key: Sequence[str],
               interpret_config: triton.Config | None = None, **options: Any) -> Any:
-    """`triton.autotune` over `configs` compiled; just `interpret_config` (default the last) interpreted."""
+    """`triton.autotune` over `configs` compiled; just `interpret_config` (default the last, the
+    smallest tiles: the interpreter's dots cost more than linearly in the tile) interpreted."""
     chosen = [interpret_config or configs[-1]] if INTERPRET else list(configs)
     return triton.autotune(configs=chosen, key=list(key), **options)(kernel)
 

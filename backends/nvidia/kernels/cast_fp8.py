@@ -23,8 +23,9 @@ OPS = {True: "per_token_cast_to_fp8", False: "per_block_cast_to_fp8"}
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: largest block edge one program holds in registers
 MAX_BLOCK = 128
-#: rows per program for per-token casts
-TOKEN_ROWS = 16
+#: rows per program for per-token casts: 16 keeps a GPU program's tile in registers; the
+#: interpreter runs each program as numpy calls, so fewer, larger programs are much faster there
+TOKEN_ROWS = 64 if INTERPRET else 16
 
 
 @triton.jit

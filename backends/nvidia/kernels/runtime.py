@@ -1,8 +1,9 @@
 """Where the nvidia Triton kernels can run in this process, decided without importing Triton.
 
 Triton decides at decoration time (`@triton.jit`, i.e. when a kernel module is imported) whether a
-kernel is compiled for the GPU or run by its interpreter on CPU tensors: the `TRITON_INTERPRET`
-environment variable read at that moment. So the mode is fixed by the first import of a kernel
+kernel is compiled for the GPU or run by its interpreter on CPU tensors: its knob
+`triton.knobs.runtime.interpret`, which reads the `TRITON_INTERPRET` environment variable unless set
+in code. So the mode is fixed by the first import of a kernel
 module and recorded here (`note_mode`); before that, `current_mode()` predicts it from the
 environment. Compiled mode runs on cuda tensors only, interpreter mode on CPU tensors only.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 from typing import Literal
 
 import torch
@@ -42,6 +44,12 @@ def set_autotune(enabled: bool | None) -> None:
 
 
 def _env_interpret() -> bool:
+    """Triton's own setting when Triton is already imported (its knob may have been set in code,
+    `triton.knobs.runtime.interpret = True`), else the environment variable it reads."""
+    triton = sys.modules.get("triton")
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
     return os.environ.get(INTERPRET_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 

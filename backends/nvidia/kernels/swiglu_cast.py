@@ -21,7 +21,7 @@ from ._scale_out import ScaleForm, scale_out, store_scales
 from .cast_fp8 import INPUT_DTYPES, check_form
 
 OP = "swiglu_forward_and_per_token_cast"
-ROWS = 16
+ROWS = 64 if INTERPRET else 16  # as cast_fp8.TOKEN_ROWS
 CHUNK = 128
 
 
