@@ -41,7 +41,8 @@ from .constants import (
 )
 from .errors import LayoutConversionError
 from .format import ELEMENTS, PLAIN, Decoded, Encoded, Format, format_named, known_formats
-from .fp4 import E2M1_VALUES, e2m1_decode, e2m1_encode, fp4_scale_from_amax, pack_e2m1, unpack_e2m1
+from .fp4 import (E2M1_VALUES, e2m1_decode, e2m1_encode, e2m1_encode_ties_toward_zero, fp4_scale_from_amax, pack_e2m1,
+                  unpack_e2m1)
 from .fp8_scales import (
     ascend_mx_byte_view,
     ascend_mx_decode,
@@ -64,6 +65,7 @@ from .fp8_scales import (
     sm100_ue8m0_encode,
     sm100_ue8m0_encode_from_blocks,
     tma_aligned_mn,
+    ue8m0_words_to_fp32,
 )
 from .kv_cache import (
     ascend_kv_to_flashmla,
@@ -161,10 +163,12 @@ __all__ = [
     "sm100_ue8m0_encode",
     "sm100_ue8m0_encode_from_blocks",
     "tma_aligned_mn",
+    "ue8m0_words_to_fp32",
     # fp4
     "E2M1_VALUES",
     "e2m1_decode",
     "e2m1_encode",
+    "e2m1_encode_ties_toward_zero",
     "fp4_scale_from_amax",
     "pack_e2m1",
     "unpack_e2m1",

@@ -27,6 +27,7 @@ from .ue8m0 import ceil_to_ue8m0
 __all__ = [
     "E2M1_VALUES",
     "e2m1_encode",
+    "e2m1_encode_ties_toward_zero",
     "e2m1_decode",
     "pack_e2m1",
     "unpack_e2m1",
@@ -89,6 +90,31 @@ def _magnitude_index_fp64(mag: torch.Tensor) -> torch.Tensor:
         torch.where(mag < 4.0, torch.round(mag) + 2.0, torch.round(mag * 0.5) + 4.0),
     )
     return index.to(torch.uint8)
+
+
+#: the midpoints between neighbouring E2M1 magnitudes
+_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def e2m1_encode_ties_toward_zero(x: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (uint8 0..15) by DeepGEMM's rule: the magnitude index is the number of midpoints
+    (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0) that |x| exceeds, so every tie rounds toward zero
+    (0.75 -> 0.5, 1.75 -> 1.5, 3.5 -> 3.0, also 0.25 -> 0, 1.25 -> 1.0, 2.5 -> 2.0, 5.0 -> 4.0),
+    |x| > 5 gives 6; the sign bit is set only for a non-zero magnitude, so -0.0 and small negatives
+    give code 0x0 (+0). `e2m1_encode` is the other rule (ties to even, sign kept). NaN or inf raises
+    LayoutConversionError.
+
+    Example: [0.75, -0.1, 1.75, -3.5, 7.0] -> [0x1, 0x0, 0x3, 0xD, 0x7].
+    """
+    require_dtype("x", x, _FLOAT_INPUTS, "pass a floating tensor (fp32, fp64, bf16, fp16)")
+    mag = x.abs() if x.dtype in (torch.float32, torch.float64) else x.float().abs_()
+    top = mag.amax() if mag.numel() else mag.new_zeros(())
+    if not bool(torch.isfinite(top)):
+        raise LayoutConversionError("e2m1_encode_ties_toward_zero: input contains NaN or inf; E2M1 cannot carry them")
+    midpoints = torch.tensor(_E2M1_MIDPOINTS, dtype=mag.dtype, device=mag.device)
+    index = torch.bucketize(mag, midpoints, right=False).to(torch.uint8)  # midpoints strictly below |x|
+    negative = (x < 0) & (index != 0)
+    return index.add_(negative.view(torch.uint8), alpha=8)
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:

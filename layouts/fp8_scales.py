@@ -57,6 +57,7 @@ __all__ = [
     "ascend_mx_kmajor_encode",
     "ascend_mx_kmajor_encode_from_blocks",
     "ascend_mx_kmajor_decode",
+    "ue8m0_words_to_fp32",
 ]
 
 _SCALES_DOC = "fp32 [MN, num_k_blocks] or [G, MN, num_k_blocks]"
@@ -481,3 +482,26 @@ def ascend_mx_kmajor_decode(t: torch.Tensor, num_k_blocks: int) -> torch.Tensor:
             f"t holds non-zero exponents beyond num_k_blocks={num_k_blocks}; pass the K-block count used to encode"
         )
     return ue8m0_to_fp32(e[..., :num_k_blocks].contiguous())
+
+
+def ue8m0_words_to_fp32(words: torch.Tensor, num_k_blocks: int) -> torch.Tensor:
+    """fp32 `[(G,) MN, num_k_blocks]` from UE8M0 exponents packed four per int32 `[(G,) MN, W]`,
+    W = ceil(num_k_blocks / 4), in ANY strides: DeepGEMM's packed scale tensors, whether MN-major and
+    TMA-aligned (its layout utilities, the SM100 bytes) or K-major (its casts' `use_packed_ue8m0`).
+
+    Byte j of word p (little-endian) is the exponent of K-block 4p + j; bytes past num_k_blocks are
+    padding and ignored (DeepGEMM fills them with 0, or with 127 = 1.0 in its FP4 cast). Exact:
+    exponent e gives 2^(e - 127). Example: word 0x00407F7E, num_k_blocks 3 -> [0.5, 1.0, 2^-63].
+    """
+    require_dtype("words", words, (torch.int32,), "pass the int32 packed scale tensor")
+    require_ndim("words", words, (2, 3), "int32 [MN, W] or [G, MN, W]")
+    if isinstance(num_k_blocks, bool) or not isinstance(num_k_blocks, int) or num_k_blocks < 0:
+        raise LayoutConversionError(f"num_k_blocks must be an int >= 0, got {num_k_blocks!r}")
+    if words.shape[-1] != ceil_div(num_k_blocks, SM100_BLOCKS_PER_WORD):
+        raise LayoutConversionError(
+            f"words has {words.shape[-1]} int32 per row but num_k_blocks={num_k_blocks} needs "
+            f"ceil({num_k_blocks}/{SM100_BLOCKS_PER_WORD}) = {ceil_div(num_k_blocks, SM100_BLOCKS_PER_WORD)}"
+        )
+    shifts = torch.arange(0, 32, 8, dtype=torch.int32, device=words.device)
+    exponents = ((words.unsqueeze(-1) >> shifts) & 0xFF).flatten(-2)[..., :num_k_blocks]
+    return ue8m0_to_fp32(exponents.to(torch.uint8).contiguous())

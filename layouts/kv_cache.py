@@ -2,6 +2,9 @@
 
 Rule: byte offsets are fixed; quantization follows the block rule (amax clamped >= 1e-4,
 sf = amax / 448, rounded UP to a power of two) so dequantization is exact multiplication.
+FlashMLA's own quantizer clamps the SCALE instead (sf = 2^ceil(log2(max(amax / 448, 1e-4))), so
+its smallest scale is 2^-13, ours 2^-22) and lets NaN through: `scale_rule="flash_mla"` writes its
+bytes exactly. Both decode the same way.
 
 Token layout (byte offsets)::
 
@@ -46,10 +49,22 @@ __all__ = [
     "dequantize_fp8_kv_cache",
     "flashmla_kv_to_ascend",
     "ascend_kv_to_flashmla",
+    "SCALE_RULES",
 ]
 
+#: how pack_fp8_kv_cache picks a tile's scale: this library's block rule, or FlashMLA's
+SCALE_RULES = ("portable", "flash_mla")
+#: FlashMLA clamps the tile scale (not the amax) at this before rounding it to a power of two
+FLASH_MLA_SCALE_FLOOR = 1e-4
 
-def pack_fp8_kv_cache(latent: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+
+def _flash_mla_scale(amax: torch.Tensor) -> torch.Tensor:
+    """FlashMLA's tile scale, computed as FlashMLA computes it: 2^ceil(log2(max(amax / 448, 1e-4)))
+    in fp32 (NaN stays NaN). Example: amax 0 -> 2^-13 (bytes 00 00 00 39), amax 448 -> 1.0."""
+    return torch.pow(2, torch.clamp_min(amax / FP8_E4M3_MAX, FLASH_MLA_SCALE_FLOOR).log2().ceil()).to(torch.float32)
+
+
+def pack_fp8_kv_cache(latent: torch.Tensor, rope: torch.Tensor, scale_rule: str = "portable") -> torch.Tensor:
     """Quantize and pack tokens: latent bf16/fp32 `[..., 512]`, rope bf16 `[..., 64]` -> uint8 `[..., 656]`.
 
     Per tile t of 128 latent values: amax = max |x| clamped to >= 1e-4 (the amax is clamped, not the
@@ -59,7 +74,15 @@ def pack_fp8_kv_cache(latent: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
 
     Example (tile 0 = [448, 1, -2, 0.5, 0...], rope[0] = 1.0): bytes 0..3 = 7e 38 c0 30,
     bytes 512..515 = 00 00 80 3f (sf 1.0), bytes 528..529 = 80 3f.
+
+    scale_rule="flash_mla" reproduces FlashMLA's quantize_k_cache byte for byte: sf =
+    2^ceil(log2(max(amax / 448, 1e-4))) (an all-zero tile gets 2^-13, bytes 00 00 00 39, where the
+    portable rule gives 2^-22, bytes 00 00 80 34), q = x / sf without a clamp, and NaN/inf are not
+    refused: they flow into the tile's scale and values as in FlashMLA (its tests fill unused cache
+    slots with NaN before quantizing).
     """
+    if scale_rule not in SCALE_RULES:
+        raise LayoutConversionError(f"scale_rule must be one of {SCALE_RULES}, got {scale_rule!r}")
     require_dtype("latent", latent, (torch.bfloat16, torch.float32), "pass the latent as bf16 or fp32")
     require_dtype("rope", rope, (torch.bfloat16,), "the cache stores RoPE as bf16; pass rope.to(torch.bfloat16)")
     if latent.dim() == 0 or latent.shape[-1] != KV_LATENT_DIM or rope.dim() == 0 or rope.shape[-1] != KV_ROPE_DIM:
@@ -70,10 +93,14 @@ def pack_fp8_kv_cache(latent: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     if latent.shape[:-1] != rope.shape[:-1]:
         raise LayoutConversionError(f"latent {tuple(latent.shape)} and rope {tuple(rope.shape)} differ in leading dims")
     x = latent.float().unflatten(-1, (KV_NUM_SCALES, KV_SCALE_TILE))
-    if not bool(torch.isfinite(x).all()):
-        raise LayoutConversionError("latent contains NaN or inf; the FP8 cache cannot carry them")
-    sf = fp8_scale_from_amax(x.abs().amax(dim=-1), use_ue8m0=True)  # [..., 4]
-    q = (x / sf.unsqueeze(-1)).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    if scale_rule == "flash_mla":
+        sf = _flash_mla_scale(latent.abs().unflatten(-1, (KV_NUM_SCALES, KV_SCALE_TILE)).amax(dim=-1).float())
+        q = (x / sf.unsqueeze(-1)).to(torch.float8_e4m3fn)
+    else:
+        if not bool(torch.isfinite(x).all()):
+            raise LayoutConversionError("latent contains NaN or inf; the FP8 cache cannot carry them")
+        sf = fp8_scale_from_amax(x.abs().amax(dim=-1), use_ue8m0=True)  # [..., 4]
+        q = (x / sf.unsqueeze(-1)).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     out = torch.empty((*latent.shape[:-1], KV_FP8_BYTES_PER_TOKEN), dtype=torch.uint8, device=latent.device)
     out[..., :KV_SCALES_OFFSET].copy_(q.view(torch.uint8).flatten(-2))
     out[..., KV_SCALES_OFFSET:KV_ROPE_OFFSET].copy_(sf.contiguous().view(torch.uint8))

@@ -1,4 +1,4 @@
-"""Command line: `python -m portable_kernels {demo,doctor,warmup,conformance,layouts,ep-cost}` (also installed
+"""Command line: `python -m portable_kernels {demo,doctor,warmup,conformance,layouts,ep-cost,bench}` (also installed
 as `portable-kernels`)."""
 
 from __future__ import annotations
@@ -115,6 +115,11 @@ def _ep_cost(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from .bench.cli import run
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="portable_kernels", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -151,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     conf.set_defaults(func=_conformance)
     from .ep.cost.cli import add_parser as add_ep_cost
     add_ep_cost(sub, _ep_cost)
+    from .bench.cli import add_parser as add_bench
+    add_bench(sub, _bench)
     return parser
 
 
@@ -163,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     unwritable folder) prints one line to stderr and returns 2, without a traceback."""
     from .errors import PortableKernelsError
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for reports that record their command
     try:
         return args.func(args)
     except (CliError, PortableKernelsError, ValueError, OSError) as exc:

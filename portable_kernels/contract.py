@@ -15,6 +15,7 @@ import torch
 
 from .errors import ContractError, format_problem
 from .formats import Format
+from .packed_scales import is_packed_scale, packed_scale_operand
 from .tensors import FP8_DTYPE, PreparedTensor, QuantTensor, cdiv, describe
 
 Role = Literal["lhs", "rhs"]
@@ -138,7 +139,8 @@ def _infer_gran(n: int, blocks: int, default: int) -> int | None:
 
 def quant_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | PreparedTensor:
     """The logical view of a quantized argument: PreparedTensor and QuantTensor pass through; a raw
-    DeepGEMM-style `(data, scale)` tuple becomes a QuantTensor (granularity inferred from shapes)."""
+    DeepGEMM-style `(data, scale)` tuple becomes a QuantTensor (granularity inferred from shapes;
+    DeepGEMM's packed int32 UE8M0 scales are decoded exactly, see packed_scales)."""
     if isinstance(value, (QuantTensor, PreparedTensor)):
         return value
     qa = contract.quant_arg(arg)
@@ -155,6 +157,8 @@ def quant_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | P
     if data.dtype != FP8_DTYPE:
         raise ContractError(format_problem(contract.name, arg, f"data of dtype {data.dtype}", FP8_DTYPE,
                                            "quantize with per_token_cast_to_fp8 / per_block_cast_to_fp8"))
+    if is_packed_scale(scale):  # DeepGEMM's packed UE8M0 int32 scales: decoded exactly (packed_scales)
+        return packed_scale_operand(contract.name, arg, data, scale, "e4m3", (qa.granularity[1], 128, 32))
     if scale.dtype != torch.float32 or scale.dim() != data.dim() or data.dim() < 2:
         raise ContractError(format_problem(
             contract.name, arg, f"scale {describe(scale)} for data {describe(data)}",

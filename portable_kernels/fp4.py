@@ -26,10 +26,11 @@ from .errors import ContractError, format_problem
 from .formats import PLAIN, Format
 from .gemm import GemmInputs, check_gemm_output, check_shared_k, fp8_gemm_nt_kernel, gemm_reference
 from .layouts.constants import FP4_E2M1_MAX, MX_BLOCK_K, SCALE_AMAX_FLOOR
-from .layouts.fp4 import e2m1_encode, fp4_scale_from_amax, pack_e2m1
+from .layouts.fp4 import e2m1_encode, e2m1_encode_ties_toward_zero, fp4_scale_from_amax, pack_e2m1
+from .packed_scales import is_packed_scale, packed_scale_operand
 from .providers import Inputs
-from .quantization import (FLOAT_INPUT_DTYPES, PLAIN_OUTPUT, CastInputs, check_float_input, consumer,
-                           quantize_blocks_reference, quantized_result, refusing_nonfinite_ue8m0)
+from .quantization import (FLOAT_INPUT_DTYPES, PLAIN_OUTPUT, CastInputs, check_convention, check_float_input, consumer,
+                           quantize_blocks_reference, quantized_result, refusing_nonfinite_ue8m0, scale_blocks)
 from .tensors import PreparedTensor, QuantTensor, cdiv, describe
 
 #: dtypes DeepGEMM-style raw FP4 tuples may carry their packed bytes in
@@ -45,15 +46,21 @@ CLAMP_COUNT_SLOTS = 3
 # -- reference math --------------------------------------------------------------------------------
 
 
-def quantize_fp4_reference(x: torch.Tensor, gran_k: int, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference math: x [..., M, K] (K even) -> (uint8 [..., M, K/2] packed E2M1, fp32 [..., M, ceil(K/gran_k)])."""
+def quantize_fp4_reference(x: torch.Tensor, gran_k: int, use_ue8m0: bool,
+                           convention: str = "portable") -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference math: x [..., M, K] (K even) -> (uint8 [..., M, K/2] packed E2M1, fp32 [..., M, ceil(K/gran_k)]).
+
+    convention "portable": x / sf, codes round to nearest with ties to even, sign kept (-0 exists);
+    "deep_gemm": x * (1/sf), codes by e2m1_encode_ties_toward_zero (ties toward zero, zero is +0).
+    """
     *lead, mn, k = x.shape
     bk = cdiv(k, gran_k)
     blocks = F.pad(x.float(), (0, bk * gran_k - k)).view(*lead, mn, bk, gran_k)
     amax = blocks.abs().amax(dim=-1).clamp_min(SCALE_AMAX_FLOOR)
     scale = fp4_scale_from_amax(amax) if use_ue8m0 else amax / FP4_E2M1_MAX
-    scaled = (blocks / scale[..., None]).view(*lead, mn, bk * gran_k)[..., :k]
-    return pack_e2m1(e2m1_encode(scaled)), scale.contiguous()
+    scaled = scale_blocks(blocks, scale[..., None], convention).view(*lead, mn, bk * gran_k)[..., :k]
+    encode = e2m1_encode if convention == "portable" else e2m1_encode_ties_toward_zero
+    return pack_e2m1(encode(scaled)), scale.contiguous()
 
 
 def swiglu_reference(x: torch.Tensor, row_weight: torch.Tensor | None = None,
@@ -128,7 +135,7 @@ class SwigluCastInputs(Inputs):
 def fp4_cast_kernel(call: CastInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference kernel of per_token_cast_to_fp4: PLAIN output."""
     with refusing_nonfinite_ue8m0("per_token_cast_to_fp4"):
-        return quantize_fp4_reference(call.x, call.granularity[1], call.use_ue8m0)
+        return quantize_fp4_reference(call.x, call.granularity[1], call.use_ue8m0, call.convention)
 
 
 def swiglu_forward_and_per_token_cast_kernel(call: SwigluCastInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +179,7 @@ def _check_finite_values(op: str, x: torch.Tensor) -> None:
 @public_op(PER_TOKEN_CAST_FP4)
 def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: bool = True, *,
                           prepare_for: str | Callable[..., Any] | None = None,
-                          arg: str = "b") -> QuantTensor | PreparedTensor:
+                          arg: str = "b", convention: str = "portable") -> QuantTensor | PreparedTensor:
     """Quantize per token to FP4: x bf16/fp16/fp32 [..., M, K] (K even) ->
     QuantTensor(element "e2m1": uint8 [..., M, K/2], fp32 [..., M, ceil(K/gran_k)]), granularity (1, gran_k).
 
@@ -181,10 +188,12 @@ def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: 
     Note the argument order: gran_k before use_ue8m0 (DeepGEMM's helper takes use_ue8m0 first), so
     pass both by keyword when porting. NaN/Inf inputs are refused (checked on CPU tensors).
     prepare_for / arg: as in per_token_cast_to_fp8; the default consumer argument is "b", the FP4
-    weight of fp8_fp4_gemm_nt.
+    weight of fp8_fp4_gemm_nt. convention: "portable" (x / sf, ties to even, sign kept) or
+    "deep_gemm" (x * (1/sf), ties toward zero, zero is +0), see quantize_fp4_reference.
     """
     if is_compiling():
-        return compiled_call("per_token_cast_to_fp4", x, gran_k, use_ue8m0, prepare_for=prepare_for, arg=arg)
+        return compiled_call("per_token_cast_to_fp4", x, gran_k, use_ue8m0, prepare_for=prepare_for, arg=arg,
+                             convention=convention)
     op = PER_TOKEN_CAST_FP4.name
     check_float_input(op, x, 2, 3)
     if x.shape[-1] % 2:
@@ -193,28 +202,34 @@ def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = MX_BLOCK_K, use_ue8m0: 
     check_int(op, "gran_k", gran_k, 1, fix="pass e.g. gran_k=32 (keywords: per_token_cast_to_fp4(x, gran_k=32, "
                                            "use_ue8m0=True))")
     check_bool(op, "use_ue8m0", use_ue8m0)
+    check_convention(op, convention)
     _check_finite_values(op, x)
     target = consumer(prepare_for, arg)
-    return quantized_result(PER_TOKEN_CAST_FP4, lambda fmt: CastInputs(x, (1, gran_k), use_ue8m0, fmt),
+    return quantized_result(PER_TOKEN_CAST_FP4, lambda fmt: CastInputs(x, (1, gran_k), use_ue8m0, fmt, convention),
                             tuple(x.shape), (1, gran_k), use_ue8m0, "e2m1", target, arg)
 
 
 # -- fp8_fp4_gemm_nt -------------------------------------------------------------------------------
 
 
-def _fp4_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | PreparedTensor:
-    """The logical view of an FP4 argument; a raw DeepGEMM tuple (packed int8/uint8 [N, K/2], fp32
-    [N, ceil(K/gran_k)]) becomes a QuantTensor with element "e2m1" and gran_k read off the shapes."""
+def fp4_operand(contract: OpContract, arg: str, value: Any, dims: int = 2) -> QuantTensor | PreparedTensor:
+    """The logical view of an FP4 argument; a raw DeepGEMM tuple (packed int8/uint8 [(G,) N, K/2],
+    fp32 [(G,) N, ceil(K/gran_k)] or DeepGEMM's packed int32 UE8M0 scales) becomes a QuantTensor with
+    element "e2m1" and gran_k read off the shapes; `dims` is 2, or 3 for grouped weights."""
     if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, torch.Tensor) for v in value)
             and value[0].dtype in PACKED_FP4_DTYPES):
         return quant_operand(contract, arg, value)
     data, scale = value
-    if data.dim() != 2 or scale.dtype != torch.float32 or scale.dim() != 2 or scale.shape[0] != data.shape[0]:
+    if is_packed_scale(scale) and data.dim() == dims:
+        return packed_scale_operand(contract.name, arg, data.view(torch.uint8), scale, "e2m1", (MX_BLOCK_K, 128))
+    if data.dim() != dims or scale.dtype != torch.float32 or scale.dim() != dims \
+            or tuple(scale.shape[:-1]) != tuple(data.shape[:-1]):
+        lead = "[G, N, " if dims == 3 else "[N, "
         raise ContractError(format_problem(contract.name, arg, f"scale {describe(scale)} for data {describe(data)}",
-                                           "fp32 scales [N, ceil(K/gran_k)] for packed data [N, K/2]",
+                                           f"fp32 scales {lead}ceil(K/gran_k)] for packed data {lead}K/2]",
                                            "pass the logical fp32 scales of per_token_cast_to_fp4"))
-    k = data.shape[1] * 2
-    gran_k = next((g for g in FP8_FP4_GRAN_K if cdiv(k, g) == scale.shape[1]), None)
+    k = data.shape[-1] * 2
+    gran_k = next((g for g in FP8_FP4_GRAN_K if cdiv(k, g) == scale.shape[-1]), None)
     if gran_k is None:
         raise ContractError(format_problem(contract.name, arg, f"scale of shape {tuple(scale.shape)} for K = {k}",
                                            f"ceil(K/gran_k) columns with gran_k in {FP8_FP4_GRAN_K}",
@@ -222,7 +237,7 @@ def _fp4_operand(contract: OpContract, arg: str, value: Any) -> QuantTensor | Pr
     return QuantTensor(data.view(torch.uint8), scale, (1, gran_k), element="e2m1")
 
 
-def _check_recipes(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor | PreparedTensor, recipe: Any,
+def check_recipes(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor | PreparedTensor, recipe: Any,
                    recipe_a: Any, recipe_b: Any) -> None:
     ga, gb = tuple(a.granularity), tuple(b.granularity)
     if recipe is not None:
@@ -272,9 +287,9 @@ def fp8_fp4_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = No
         return compiled_call("fp8_fp4_gemm_nt", a, b, d, c, recipe, recipe_a, recipe_b)
     op = FP8_FP4_GEMM_NT.name
     qa = quant_operand(FP8_FP4_GEMM_NT, "a", a)
-    qb = _fp4_operand(FP8_FP4_GEMM_NT, "b", b)
+    qb = fp4_operand(FP8_FP4_GEMM_NT, "b", b)
     _check_fp8_fp4_operands(op, qa, qb)
-    _check_recipes(op, qa, qb, recipe, recipe_a, recipe_b)
+    check_recipes(op, qa, qb, recipe, recipe_a, recipe_b)
     check_gemm_output(op, d, c, (qa.shape[0], qb.shape[0]), qa.device)
     run(FP8_FP4_GEMM_NT, GemmInputs(qa, qb, d, c))
 

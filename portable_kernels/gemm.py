@@ -120,8 +120,8 @@ def check_recipe(op: str, recipe: Any, ga: tuple[int, int], gb: tuple[int, int])
                                            "leave recipe=None or quantize with the matching block sizes"))
 
 
-def _check_fp8_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor | PreparedTensor,
-                        recipe: Any) -> None:
+def check_fp8_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor | PreparedTensor,
+                       recipe: Any) -> None:
     for arg, t in (("a", a), ("b", b)):
         if len(t.shape) != 2:
             raise ContractError(format_problem(op, arg, f"of logical shape {tuple(t.shape)}", "2-D [rows, K]",
@@ -150,7 +150,7 @@ def fp8_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, 
         return compiled_call("fp8_gemm_nt", a, b, d, c, recipe)
     op = FP8_GEMM_NT.name
     qa, qb = quant_operand(FP8_GEMM_NT, "a", a), quant_operand(FP8_GEMM_NT, "b", b)
-    _check_fp8_operands(op, qa, qb, recipe)
+    check_fp8_operands(op, qa, qb, recipe)
     check_gemm_output(op, d, c, (qa.shape[0], qb.shape[0]), qa.device)
     run(FP8_GEMM_NT, GemmInputs(qa, qb, d, c))
 
@@ -163,7 +163,12 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     """
     if is_compiling():
         return compiled_call("bf16_gemm_nt", a, b, d, c)
-    op = BF16_GEMM_NT.name
+    check_bf16_operands(BF16_GEMM_NT.name, a, b, d, c)
+    run(BF16_GEMM_NT, GemmInputs(a, b, d, c))
+
+
+def check_bf16_operands(op: str, a: Any, b: Any, d: Any, c: Any) -> None:
+    """bf16 A [M, K] and B [N, K] (any strides) on one device, d and c as check_gemm_output says."""
     for arg, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 or t.dim() != 2:
             raise ContractError(format_problem(op, arg, describe(t), "a 2-D bfloat16 tensor",
@@ -176,4 +181,3 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     if b.device != a.device:
         raise ContractError(format_problem(op, "b", f"on {b.device}", f"on {a.device}", "move b to a's device"))
     check_gemm_output(op, d, c, (a.shape[0], b.shape[0]), a.device)
-    run(BF16_GEMM_NT, GemmInputs(a, b, d, c))

@@ -6,10 +6,14 @@ groups back to back, B [G, N, K], D [M, N]; row r of D is A[r]·B[m_indices[r]]�
 Masked: `m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m)` — A [G, max_m, K],
 D [G, max_m, N]; only the first masked_m[g] rows of group g count. bf16 twins of both.
 
-The one rule: padding rows of D (m_indices -1, psum gaps and tail, rows >= masked_m[g]) are never
-written — they keep whatever d held. Data-dependent checks (the values of m_indices, psum and
-masked_m) run when those tensors live on the CPU; on an accelerator they are skipped, because
-reading them would synchronize the device, and a wrong layout there gives unspecified rows.
+Padding rows: providers never write them. The contiguous ops then zero them (m_indices -1, psum
+gaps and every row from psum[-1] on) with one device op when `ensure_zero_padding=True` (the
+default, as DeepGEMM), or leave them as d held with False; rows >= masked_m[g] of the masked form
+are always left as they were. The segment alignment is the backend's, or the process-wide value of
+`set_mk_alignment_for_contiguous_layout` (see contiguous_layout). Data-dependent checks (the values
+of m_indices, psum and masked_m) run when those tensors live on the CPU; on an accelerator they are
+skipped, because reading them would synchronize the device, and a wrong layout there gives
+unspecified rows.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 
 from .checks import check_bool
 from .compiled import compiled_call, is_compiling
+from .contiguous_layout import alignment_override, contiguous_alignment, padding_rows
 from .contract import OpContract, QuantArg, Tolerance, checks_values, public_op, quant_operand, register_contract
 from .dispatch import run, selection_for
 from .errors import BackendUnavailableError, ContractError, format_problem
@@ -110,7 +115,8 @@ class ContiguousGroupedInputs(Inputs):
     """One contiguous grouped GEMM call (validated): a [M, K] (PreparedTensor e4m3, or bf16), b [G, N, K]
     (PreparedTensor — its data may be tiled — or bf16), d [M, N]; grouped_layout: int32 m_indices [M]
     or, with use_psum_layout, int32 psum [G]; alignment: the segment alignment of this backend;
-    expected_m: the psum hint or None. Writes only the valid rows of d."""
+    expected_m: the psum hint or None. Writes only the valid rows of d. `dims()` also names the
+    alignment, so a provider can limit it (e.g. Limit("alignment", multiple_of=128))."""
 
     a: PreparedTensor | torch.Tensor
     b: PreparedTensor | torch.Tensor
@@ -123,7 +129,7 @@ class ContiguousGroupedInputs(Inputs):
 
     def dims(self) -> dict[str, int]:
         g, n, k = self.b.shape
-        return {"M": self.d.shape[0], "N": n, "K": k, "G": g}
+        return {"M": self.d.shape[0], "N": n, "K": k, "G": g, "alignment": self.alignment}
 
 
 @attrs.frozen
@@ -177,10 +183,14 @@ M_GROUPED_BF16_MASKED = register_contract(OpContract(
 def get_m_alignment_for_contiguous_layout(device: str | torch.device | None = None, *,
                                           like: PreparedTensor | None = None) -> int:
     """Rows each group's segment is padded to in the contiguous layout, for the backend that runs
-    the call: the one forced by `use_backend`, else the backend a prepared weight `like` was made
-    for, else the one for `device` (default: cpu). NVIDIA (and cpu) 128, Ascend 256 — DeepGEMM's
+    the call: the value set by `set_mk_alignment_for_contiguous_layout` if any, else that of the
+    backend forced by `use_backend`, else of the backend a prepared weight `like` was made for,
+    else of the one for `device` (default: cpu). NVIDIA (and cpu) 128, Ascend 256 — DeepGEMM's
     function of the same name, per backend."""
     op = "get_m_alignment_for_contiguous_layout"
+    override = alignment_override()
+    if override is not None:
+        return override
     reg = registry()
     forced = forced_backend()
     if forced is not None:
@@ -211,10 +221,14 @@ def get_m_alignment_for_contiguous_layout(device: str | torch.device | None = No
     return backend.moe_alignment
 
 
+#: DeepGEMM's newer name of the same function (it covers the K-grouped layouts too)
+get_mk_alignment_for_contiguous_layout = get_m_alignment_for_contiguous_layout
+
+
 # -- validation (every check runs before anything is launched) ---------------------------------------
 
 
-def _check_host_int(op: str, arg: str, value: Any, optional: bool = False) -> None:
+def check_host_int(op: str, arg: str, value: Any, optional: bool = False) -> None:
     if optional and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -223,7 +237,7 @@ def _check_host_int(op: str, arg: str, value: Any, optional: bool = False) -> No
                                            "pass the expected rows per group as a Python int, e.g. 128"))
 
 
-def _check_index_vector(op: str, arg: str, t: Any, length: int, what: str, device: torch.device, fix: str) -> None:
+def check_index_vector(op: str, arg: str, t: Any, length: int, what: str, device: torch.device, fix: str) -> None:
     if not isinstance(t, torch.Tensor) or t.dtype != INDEX_DTYPE or t.dim() != 1:
         raise ContractError(format_problem(op, arg, describe(t), f"a 1-D int32 tensor {what}", fix))
     if t.shape[0] != length:
@@ -233,7 +247,7 @@ def _check_index_vector(op: str, arg: str, t: Any, length: int, what: str, devic
                                            f"move {arg} to the operands' device"))
 
 
-def _check_shapes(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], masked: bool) -> None:
+def check_grouped_shapes(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], masked: bool) -> None:
     a_dims = 3 if masked else 2
     a_names = "[G, max_m, K]" if masked else "[M, K]"
     if len(a_shape) != a_dims:
@@ -256,7 +270,7 @@ def _check_fp8_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor
         if t.element != "e4m3":
             raise ContractError(format_problem(op, arg, f"{t.element} data", "fp8 e4m3 data",
                                                "quantize with per_token_cast_to_fp8 / per_block_cast_to_fp8"))
-    _check_shapes(op, tuple(a.shape), tuple(b.shape), masked)
+    check_grouped_shapes(op, tuple(a.shape), tuple(b.shape), masked)
     if b.device != a.device:
         raise ContractError(format_problem(op, "b", f"on {b.device}", f"on {a.device} like a", "move b to a's device"))
     ga, gb = a.granularity, b.granularity
@@ -275,7 +289,7 @@ def _check_bf16_operands(op: str, a: Any, b: Any, masked: bool) -> None:
         if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16:
             raise ContractError(format_problem(op, arg, describe(t), "a bfloat16 tensor",
                                                f"pass {arg} as bf16 ({arg}.to(torch.bfloat16))"))
-    _check_shapes(op, tuple(a.shape), tuple(b.shape), masked)
+    check_grouped_shapes(op, tuple(a.shape), tuple(b.shape), masked)
     if b.device != a.device:
         raise ContractError(format_problem(op, "b", f"on {b.device}", f"on {a.device} like a", "move b to a's device"))
 
@@ -284,11 +298,11 @@ def _check_contiguous_layout(op: str, grouped_layout: Any, use_psum_layout: bool
                              total_m: int, num_groups: int, device: torch.device) -> None:
     check_bool(op, "use_psum_layout", use_psum_layout)
     if use_psum_layout:
-        _check_index_vector(op, "m_indices", grouped_layout, num_groups, "of G cumulative end rows (psum layout)",
+        check_index_vector(op, "m_indices", grouped_layout, num_groups, "of G cumulative end rows (psum layout)",
                             device, _PSUM_FIX)
-        _check_host_int(op, "expected_m_for_psum_layout", expected_m, optional=True)
+        check_host_int(op, "expected_m_for_psum_layout", expected_m, optional=True)
         return
-    _check_index_vector(op, "m_indices", grouped_layout, total_m, "with the group of each row of A",
+    check_index_vector(op, "m_indices", grouped_layout, total_m, "with the group of each row of A",
                         device, _LAYOUT_FIX)
     if expected_m is not None:
         raise ContractError(format_problem(op, "expected_m_for_psum_layout", repr(expected_m),
@@ -339,7 +353,7 @@ def _check_psum_values(op: str, psum: torch.Tensor, total_m: int, alignment: int
                                            "allocate A with at least psum[-1] rows"))
 
 
-def _check_masked_m_values(op: str, masked_m: torch.Tensor, max_m: int) -> None:
+def check_masked_m_values(op: str, masked_m: torch.Tensor, max_m: int) -> None:
     bad = (masked_m < 0) | (masked_m > max_m)
     if bool(bad.any()):
         g = int(torch.nonzero(bad)[0])
@@ -349,8 +363,9 @@ def _check_masked_m_values(op: str, masked_m: torch.Tensor, max_m: int) -> None:
 
 
 def _alignment(contract: OpContract, inputs: Inputs) -> int:
-    """The moe_alignment of the backend this call will run on (cached with the call's signature)."""
-    return selection_for(contract, inputs).backend.moe_alignment
+    """The contiguous-layout alignment on the backend this call will run on (its selection is cached
+    with the call's signature): the process-wide setting, else the backend's own."""
+    return contiguous_alignment(selection_for(contract, inputs).backend)
 
 
 def _check_layout_values(op: str, grouped_layout: torch.Tensor, use_psum_layout: bool, num_groups: int,
@@ -363,18 +378,36 @@ def _check_layout_values(op: str, grouped_layout: torch.Tensor, use_psum_layout:
         _check_m_indices_values(op, grouped_layout, num_groups, alignment)
 
 
+def run_contiguous(contract: OpContract, a: Any, b: Any, d: torch.Tensor, grouped_layout: torch.Tensor,
+                   use_psum_layout: bool, expected_m: int | None, ensure_zero_padding: bool) -> None:
+    """The shared tail of every contiguous grouped GEMM (operands and d already checked): check the
+    layout, run the provider, then zero the padding rows of d when asked (one device op, no sync)."""
+    op = contract.name
+    m, g = d.shape[0], b.shape[0]
+    check_bool(op, "ensure_zero_padding", ensure_zero_padding)
+    _check_contiguous_layout(op, grouped_layout, use_psum_layout, expected_m, m, g, d.device)
+    inputs = ContiguousGroupedInputs(a, b, d, grouped_layout, use_psum_layout, 0, expected_m)
+    alignment = _alignment(contract, inputs)
+    _check_layout_values(op, grouped_layout, use_psum_layout, g, m, alignment)
+    run(contract, attrs.evolve(inputs, alignment=alignment))
+    if ensure_zero_padding and d.numel():
+        d.masked_fill_(padding_rows(grouped_layout, use_psum_layout, alignment, m)[:, None], 0)
+
+
 # -- public ops ---------------------------------------------------------------------------------------
 
 
 @public_op(M_GROUPED_FP8_CONTIGUOUS)
 def m_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indices: torch.Tensor, recipe: Any = None,
                                      *, use_psum_layout: bool = False,
-                                     expected_m_for_psum_layout: int | None = None) -> None:
+                                     expected_m_for_psum_layout: int | None = None,
+                                     ensure_zero_padding: bool = True) -> None:
     """MoE grouped GEMM, contiguous layout: D[r] = A[r]·B[g]ᵀ for each row r of group g, written into d.
 
     a: (fp8 [M, K], fp32 [M, ceil(K/128)]) — every group's rows back to back
     b: (fp8 [G, N, K], fp32 [G, ceil(N/128), ceil(K/128)]) — one weight per group (prepare it once)
-    d: bf16 or fp32 [M, N], row-major; padding rows are left untouched
+    d: bf16 or fp32 [M, N], row-major; padding rows are zeroed (ensure_zero_padding=True, the
+       default, as DeepGEMM) or left as they were (False)
     m_indices: int32 [M], the group of each row, -1 on padding rows; it must be the contiguous layout
         (groups ascending, each group's segment starting on a multiple of
         get_m_alignment_for_contiguous_layout(), padded with -1 to the next multiple; more -1 rows
@@ -382,21 +415,20 @@ def m_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indices:
         grouped_layout), group g occupying rows [align(psum[g-1]), psum[g]); other rows are padding.
     recipe: None or (1, 128, 128) to assert the operands' granularity
     expected_m_for_psum_layout: optional host-side hint (rows per group) for the psum form
+    ensure_zero_padding: zero every row of d that belongs to no group (after the kernel, on device)
     """
     if is_compiling():
         return compiled_call("m_grouped_fp8_gemm_nt_contiguous", a, b, d, m_indices, recipe,
-                             use_psum_layout=use_psum_layout, expected_m_for_psum_layout=expected_m_for_psum_layout)
+                             use_psum_layout=use_psum_layout, expected_m_for_psum_layout=expected_m_for_psum_layout,
+                             ensure_zero_padding=ensure_zero_padding)
     op = M_GROUPED_FP8_CONTIGUOUS.name
     qa = quant_operand(M_GROUPED_FP8_CONTIGUOUS, "a", a)
     qb = quant_operand(M_GROUPED_FP8_CONTIGUOUS, "b", b)
     _check_fp8_operands(op, qa, qb, recipe, masked=False)
-    (m, _), (g, n, _) = qa.shape, qb.shape
+    (m, _), (_, n, _) = qa.shape, qb.shape
     check_gemm_output(op, d, None, (m, n), qa.device)
-    _check_contiguous_layout(op, m_indices, use_psum_layout, expected_m_for_psum_layout, m, g, qa.device)
-    inputs = ContiguousGroupedInputs(qa, qb, d, m_indices, use_psum_layout, 0, expected_m_for_psum_layout)
-    alignment = _alignment(M_GROUPED_FP8_CONTIGUOUS, inputs)
-    _check_layout_values(op, m_indices, use_psum_layout, g, m, alignment)
-    run(M_GROUPED_FP8_CONTIGUOUS, attrs.evolve(inputs, alignment=alignment))
+    run_contiguous(M_GROUPED_FP8_CONTIGUOUS, qa, qb, d, m_indices, use_psum_layout, expected_m_for_psum_layout,
+                   ensure_zero_padding)
 
 
 @public_op(M_GROUPED_FP8_MASKED)
@@ -419,35 +451,35 @@ def m_grouped_fp8_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: torc
     _check_fp8_operands(op, qa, qb, recipe, masked=True)
     (g, max_m, _), n = qa.shape, qb.shape[1]
     check_gemm_output(op, d, None, (g, max_m, n), qa.device)
-    _check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", qa.device,
+    check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", qa.device,
                         "pass torch.tensor(counts, dtype=torch.int32)")
-    _check_host_int(op, "expected_m", expected_m)
+    check_host_int(op, "expected_m", expected_m)
     if checks_values(masked_m):
-        _check_masked_m_values(op, masked_m, max_m)
+        check_masked_m_values(op, masked_m, max_m)
     run(M_GROUPED_FP8_MASKED, MaskedGroupedInputs(qa, qb, d, masked_m, expected_m))
 
 
 @public_op(M_GROUPED_BF16_CONTIGUOUS)
 def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, m_indices: torch.Tensor,
                                       *, use_psum_layout: bool = False,
-                                      expected_m_for_psum_layout: int | None = None) -> None:
+                                      expected_m_for_psum_layout: int | None = None,
+                                      ensure_zero_padding: bool = True) -> None:
     """bf16 MoE grouped GEMM, contiguous layout (fp32 accumulation), written into d.
 
-    a: bf16 [M, K]; b: bf16 [G, N, K]; d: bf16 or fp32 [M, N] (padding rows untouched);
-    m_indices / use_psum_layout / expected_m_for_psum_layout as in m_grouped_fp8_gemm_nt_contiguous
+    a: bf16 [M, K]; b: bf16 [G, N, K]; d: bf16 or fp32 [M, N] (padding rows zeroed unless
+    ensure_zero_padding=False); m_indices / use_psum_layout / expected_m_for_psum_layout as in
+    m_grouped_fp8_gemm_nt_contiguous
     """
     if is_compiling():
         return compiled_call("m_grouped_bf16_gemm_nt_contiguous", a, b, d, m_indices, use_psum_layout=use_psum_layout,
-                             expected_m_for_psum_layout=expected_m_for_psum_layout)
+                             expected_m_for_psum_layout=expected_m_for_psum_layout,
+                             ensure_zero_padding=ensure_zero_padding)
     op = M_GROUPED_BF16_CONTIGUOUS.name
     _check_bf16_operands(op, a, b, masked=False)
-    (m, _), (g, n, _) = a.shape, b.shape
+    (m, _), (_, n, _) = a.shape, b.shape
     check_gemm_output(op, d, None, (m, n), a.device)
-    _check_contiguous_layout(op, m_indices, use_psum_layout, expected_m_for_psum_layout, m, g, a.device)
-    inputs = ContiguousGroupedInputs(a, b, d, m_indices, use_psum_layout, 0, expected_m_for_psum_layout)
-    alignment = _alignment(M_GROUPED_BF16_CONTIGUOUS, inputs)
-    _check_layout_values(op, m_indices, use_psum_layout, g, m, alignment)
-    run(M_GROUPED_BF16_CONTIGUOUS, attrs.evolve(inputs, alignment=alignment))
+    run_contiguous(M_GROUPED_BF16_CONTIGUOUS, a, b, d, m_indices, use_psum_layout, expected_m_for_psum_layout,
+                   ensure_zero_padding)
 
 
 @public_op(M_GROUPED_BF16_MASKED)
@@ -464,9 +496,9 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     _check_bf16_operands(op, a, b, masked=True)
     (g, max_m, _), n = a.shape, b.shape[1]
     check_gemm_output(op, d, None, (g, max_m, n), a.device)
-    _check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", a.device,
+    check_index_vector(op, "masked_m", masked_m, g, "with the valid rows of each group", a.device,
                         "pass torch.tensor(counts, dtype=torch.int32)")
-    _check_host_int(op, "expected_m", expected_m)
+    check_host_int(op, "expected_m", expected_m)
     if checks_values(masked_m):
-        _check_masked_m_values(op, masked_m, max_m)
+        check_masked_m_values(op, masked_m, max_m)
     run(M_GROUPED_BF16_MASKED, MaskedGroupedInputs(a, b, d, masked_m, expected_m))

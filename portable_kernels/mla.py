@@ -38,7 +38,12 @@ QK_HEAD_DIMS = (KV_HEAD_DIM, KV_LATENT_DIM)
 INVALID_INDEX = -1
 INDEX_DTYPE = torch.int32
 Q_DTYPE = torch.bfloat16
+#: q (and a dense cache of the same dtype) may be bf16 or fp16; out has q's dtype. The FP8 cache
+#: stores RoPE as bf16, so it takes bf16 q only (as FlashMLA's sparse kernels).
+Q_DTYPES = (torch.bfloat16, torch.float16)
 OUT_DTYPE = torch.bfloat16
+#: dtype of attn_sink (one logit per query head)
+SINK_DTYPE = torch.float32
 LSE_DTYPE = torch.float32
 #: the FP8 cache (656-byte tokens) holds one KV head
 FP8_KV_HEADS = 1
@@ -326,13 +331,18 @@ def _check_indices(op: str, indices: Any, k_cache: torch.Tensor, b: int, s_q: in
                                            "encode visibility in indices (-1 for hidden keys) and pass causal=False"))
 
 
-def _check_cache(op: str, q: torch.Tensor, k_cache: Any, is_fp8_kvcache: bool) -> None:
+def _check_cache(op: str, q: torch.Tensor, k_cache: Any, is_fp8_kvcache: bool, arg: str = "k_cache") -> None:
     d, h_q = q.shape[3], q.shape[2]
-    if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4 or k_cache.dtype not in (Q_DTYPE, torch.uint8):
-        raise ContractError(format_problem(op, "k_cache", describe(k_cache),
-                                           "a 4-D [num_blocks, block_size, h_kv, d] bf16 tensor, or uint8 "
-                                           f"[num_blocks, block_size, 1, {KV_FP8_BYTES_PER_TOKEN}] for the FP8 cache",
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4 or k_cache.dtype not in (q.dtype, torch.uint8):
+        raise ContractError(format_problem(op, arg, describe(k_cache),
+                                           f"a 4-D [num_blocks, block_size, h_kv, d] tensor of q's dtype {q.dtype}, "
+                                           f"or uint8 / float8_e4m3fn [num_blocks, block_size, 1, "
+                                           f"{KV_FP8_BYTES_PER_TOKEN}] for the FP8 cache",
                                            "allocate the paged cache in one of those forms"))
+    if is_fp8_kvcache and q.dtype != Q_DTYPE:
+        raise ContractError(format_problem(op, "q", f"{q.dtype} with the FP8 cache", "bf16 q",
+                                           "the FP8 cache stores RoPE as bf16 (FlashMLA's FP8 kernels take bf16 q); "
+                                           "pass q.to(torch.bfloat16)"))
     if (k_cache.dtype == torch.uint8) != is_fp8_kvcache:
         given = f"{is_fp8_kvcache} with a {k_cache.dtype} cache"
         raise ContractError(format_problem(op, "is_fp8_kvcache", given, f"{not is_fp8_kvcache} for this cache",
@@ -449,13 +459,17 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                            cache_seqlens: torch.Tensor | None, head_dim_v: int, tile_scheduler_metadata: MlaMetadata,
                            num_splits: torch.Tensor | None = None, softmax_scale: float | None = None,
                            causal: bool = False, is_fp8_kvcache: bool = False, indices: torch.Tensor | None = None,
+                           attn_sink: torch.Tensor | None = None, extra_k_cache: torch.Tensor | None = None,
+                           extra_indices_in_kvcache: torch.Tensor | None = None,
+                           topk_length: torch.Tensor | None = None, extra_topk_length: torch.Tensor | None = None,
                            *, out: torch.Tensor | None = None,
                            lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """MLA decode attention over a paged KV cache.
 
-    q:             bf16 [b, s_q, h_q, d], d = 576 (512 latent + 64 RoPE) or 512
-    k_cache:       bf16 [num_blocks, block_size, h_kv, d] (h_q a multiple of h_kv), or with
-                   is_fp8_kvcache uint8 [num_blocks, block_size, 1, 656] (layouts.pack_fp8_kv_cache; d = 576)
+    q:             bf16 (or fp16 for a dense cache) [b, s_q, h_q, d], d = 576 (512 latent + 64 RoPE) or 512
+    k_cache:       [num_blocks, block_size, h_kv, d] of q's dtype (h_q a multiple of h_kv), or with
+                   is_fp8_kvcache uint8 (or the same bytes as float8_e4m3fn) [num_blocks, block_size, 1, 656]
+                   (layouts.pack_fp8_kv_cache; d = 576)
     block_table:   int32 [b, max_blocks]; token t of sequence i is at slot (block_table[i, t // block_size],
                    t % block_size); entries past a sequence's blocks are never read (None allowed with indices)
     cache_seqlens: int32 [b], 0 <= s_k <= max_blocks·block_size (None allowed with indices)
@@ -466,27 +480,71 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     indices:       None, or int32 [b, s_q, topk] absolute slots block·block_size + offset, -1 = none;
                    requires the FP8 cache (sparse decode); block_table and cache_seqlens are then unused
                    (their dtype and shape are still checked when given)
+    Sparse decode only (FlashMLA's extensions, run by this op around the providers' decode):
+    attn_sink:     None or fp32 [h_q]: out is scaled by exp(lse) / (exp(lse) + exp(attn_sink[h])) (lse unchanged;
+                   +inf makes out 0)
+    topk_length:   None or int32 [b], 0..topk: only indices[i, :, :topk_length[i]] are attended
+    extra_k_cache, extra_indices_in_kvcache: a second FP8 cache (its own block size) and int32 [b, s_q, extra_topk]
+                   slots in it, attended together with the first (one softmax over both); extra_topk_length
+                   limits them like topk_length
     out, lse:      optional preallocated outputs (an extension of FlashMLA's call, e.g. for CUDA graphs)
-    Returns (out bf16 [b, s_q, h_q, 512], lse fp32 [b, h_q, s_q]); no visible key: out 0, lse +inf.
+    Returns (out [b, s_q, h_q, 512] of q's dtype, lse fp32 [b, h_q, s_q]); no visible key: out 0, lse +inf.
     On CPU tensors the data-dependent checks (lengths, used block_table entries, indices range) run
     before the kernel; on accelerators they would need a device sync and are left to the kernel.
     """
     if is_compiling():
         return compiled_call("flash_mla_with_kvcache", q, k_cache, block_table, cache_seqlens, head_dim_v,
                              tile_scheduler_metadata, num_splits, softmax_scale, causal, is_fp8_kvcache, indices,
+                             attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length,
                              out=out, lse=lse)
     op = FLASH_MLA_WITH_KVCACHE.name
-    if not isinstance(q, torch.Tensor) or q.dtype != Q_DTYPE or q.dim() != 4 or q.shape[3] not in QK_HEAD_DIMS:
+    if not isinstance(q, torch.Tensor) or q.dtype not in Q_DTYPES or q.dim() != 4 or q.shape[3] not in QK_HEAD_DIMS:
         raise ContractError(format_problem(op, "q", describe(q),
-                                           f"a bf16 [b, s_q, h_q, d] tensor with d in {QK_HEAD_DIMS}",
+                                           f"a bf16 or fp16 [b, s_q, h_q, d] tensor with d in {QK_HEAD_DIMS}",
                                            "pass q as bf16 [b, s_q, h_q, 576] (or 512)"))
+    k_cache, extra_k_cache = _as_bytes(k_cache, is_fp8_kvcache), _as_bytes(extra_k_cache, True)
+    if softmax_scale is None:
+        softmax_scale = q.shape[3] ** -0.5
+    extras = (attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length)
+    if indices is None or all(x is None for x in extras):
+        if indices is None:
+            _refuse_sparse_extras(op, extras)
+        return _decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                       softmax_scale, causal, is_fp8_kvcache, indices, out, lse)
+    from .mla_extras import sparse_decode_with_extras  # it builds on _decode (a module-level import would cycle)
+    return sparse_decode_with_extras(q, k_cache, head_dim_v, tile_scheduler_metadata, num_splits, softmax_scale,
+                                     is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache,
+                                     topk_length, extra_topk_length, block_table, cache_seqlens, causal, out, lse)
+
+
+def _as_bytes(cache: Any, is_fp8_kvcache: bool) -> Any:
+    """The FP8 cache handed over as float8_e4m3fn (as FlashMLA's tests do) is the same bytes: view them."""
+    if is_fp8_kvcache and isinstance(cache, torch.Tensor) and cache.dtype == torch.float8_e4m3fn:
+        return cache.view(torch.uint8)
+    return cache
+
+
+def _refuse_sparse_extras(op: str, extras: tuple) -> None:
+    names = ("attn_sink", "extra_k_cache", "extra_indices_in_kvcache", "topk_length", "extra_topk_length")
+    for name, value in zip(names, extras):
+        if value is not None:
+            raise ContractError(format_problem(op, name, describe(value), "None for dense decode (indices=None)",
+                                               "pass indices for sparse decode, or drop the argument (as FlashMLA "
+                                               "requires)"))
+
+
+def _decode(q: torch.Tensor, k_cache: Any, block_table: Any, cache_seqlens: Any, head_dim_v: Any,
+            tile_scheduler_metadata: Any, num_splits: Any, softmax_scale: Any, causal: Any, is_fp8_kvcache: Any,
+            indices: Any, out: Any, lse: Any, cache_arg: str = "k_cache") -> tuple[torch.Tensor, torch.Tensor]:
+    """One validated decode through the registry: the body of flash_mla_with_kvcache (q already checked)."""
+    op = FLASH_MLA_WITH_KVCACHE.name
     b, s_q, h_q, d = q.shape
     check_bool(op, "is_fp8_kvcache", is_fp8_kvcache)
     check_bool(op, "causal", causal)
     if not is_int(head_dim_v) or head_dim_v != HEAD_DIM_V:
         raise ContractError(format_problem(op, "head_dim_v", describe(head_dim_v), HEAD_DIM_V,
                                            f"pass head_dim_v={HEAD_DIM_V} (V is K's latent part)"))
-    _check_cache(op, q, k_cache, is_fp8_kvcache)
+    _check_cache(op, q, k_cache, is_fp8_kvcache, cache_arg)
     h_kv = k_cache.shape[2]
     dense = indices is None
     for arg, value in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
@@ -501,9 +559,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                                                f"[b, max_blocks] with b = {b} like q", "pass one row per sequence"))
     if cache_seqlens is not None:
         _check_cache_seqlens(op, cache_seqlens, b)
-    if softmax_scale is None:
-        softmax_scale = d ** -0.5
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
             or not math.isfinite(softmax_scale):
         raise ContractError(format_problem(op, "softmax_scale", describe(softmax_scale), "None or a finite float",
                                            f"pass e.g. {d ** -0.5:.6g} (d ** -0.5, the default)"))
@@ -514,10 +570,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         _check_indices(op, indices, k_cache, b, s_q, is_fp8_kvcache, causal)
     topk = None if dense else int(indices.shape[2])
     meta = _check_metadata(op, tile_scheduler_metadata, num_splits, b, s_q, h_q, h_kv, is_fp8_kvcache, topk)
-    _check_output(op, "out", out, OUT_DTYPE, (b, s_q, h_q, HEAD_DIM_V), q.device)
+    _check_output(op, "out", out, q.dtype, (b, s_q, h_q, HEAD_DIM_V), q.device)
     _check_output(op, "lse", lse, LSE_DTYPE, (b, h_q, s_q), q.device)
     if out is None:
-        out = torch.empty(b, s_q, h_q, HEAD_DIM_V, dtype=OUT_DTYPE, device=q.device)
+        out = torch.empty(b, s_q, h_q, HEAD_DIM_V, dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty(b, h_q, s_q, dtype=LSE_DTYPE, device=q.device)
     inputs = MlaDecodeInputs(q, k_cache, block_table, cache_seqlens, head_dim_v, float(softmax_scale), causal,

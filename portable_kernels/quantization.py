@@ -2,6 +2,9 @@
 
 Contract: for each block of (gran_mn x gran_k) elements, amax = max|x| clamped to >= 1e-4,
 sf = amax / 448 (rounded up to a power of two when use_ue8m0), q = clamp(x / sf, ±448) as e4m3.
+The division is the one documented choice ("portable" convention); convention="deep_gemm" instead
+multiplies by the fp32 reciprocal 1/sf, as DeepGEMM's casts do, which differs from the division in
+the last bit at some rounding ties when sf is not a power of two (with UE8M0 scales both agree).
 Partial trailing blocks are allowed (K or MN not a multiple of the block). NaN/Inf inputs are not
 checked (that would cost a pass over the data): they make their block's scale and values non-finite.
 """
@@ -31,15 +34,26 @@ from .tensors import FP8_DTYPE, PreparedTensor, QuantTensor, cdiv, describe
 FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def quantize_blocks_reference(x: torch.Tensor, gran_mn: int, gran_k: int,
-                              use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+#: how a quantizer divides by its block scale (and, for FP4, rounds to codes): "portable" divides
+#: by sf (FP4: ties to even, sign kept); "deep_gemm" multiplies by the fp32 reciprocal 1/sf (FP4:
+#: ties toward zero, +0 for zero codes) — DeepGEMM's own casts, byte for byte
+CONVENTIONS = ("portable", "deep_gemm")
+
+
+def scale_blocks(blocks: torch.Tensor, scale: torch.Tensor, convention: str) -> torch.Tensor:
+    """blocks / scale ("portable") or blocks * (1 / scale) ("deep_gemm"), in fp32."""
+    return blocks / scale if convention == "portable" else blocks * (1.0 / scale)
+
+
+def quantize_blocks_reference(x: torch.Tensor, gran_mn: int, gran_k: int, use_ue8m0: bool,
+                              convention: str = "portable") -> tuple[torch.Tensor, torch.Tensor]:
     """Reference math: x [..., MN, K] -> (fp8 [..., MN, K], fp32 [..., ceil(MN/gran_mn), ceil(K/gran_k)])."""
     *lead, mn, k = x.shape
     bm, bk = cdiv(mn, gran_mn), cdiv(k, gran_k)
     padded = F.pad(x.float(), (0, bk * gran_k - k, 0, bm * gran_mn - mn))
     blocks = padded.view(*lead, bm, gran_mn, bk, gran_k)
     scale = fp8_scale_from_amax(blocks.abs().amax(dim=(-3, -1)), use_ue8m0)
-    q = (blocks / scale[..., :, None, :, None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    q = scale_blocks(blocks, scale[..., :, None, :, None], convention).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
     q = q.view(*lead, bm * gran_mn, bk * gran_k)[..., :mn, :k]
     return q.to(FP8_DTYPE).contiguous(), scale.contiguous()
 
@@ -74,6 +88,8 @@ class CastInputs(Inputs):
     x: bf16/fp16/fp32 [..., MN, K]; granularity: (gran_mn, gran_k); use_ue8m0: power-of-two scales
     out_format: the Format the scales are returned in — PLAIN (fp32 row-major) unless the caller
         asked for a consumer's bytes (prepare_for) and a provider emits them directly
+    convention: one of CONVENTIONS ("portable" unless a drop-in module asks for its library's
+        bytes); a provider that implements only "portable" declines the others in its check
     A provider returns (data, scale storage of out_format).
     """
 
@@ -81,6 +97,7 @@ class CastInputs(Inputs):
     granularity: tuple[int, int]
     use_ue8m0: bool
     out_format: Format = PLAIN
+    convention: str = "portable"
     device_field = "x"
 
     def dims(self) -> dict[str, int]:
@@ -107,10 +124,18 @@ def refusing_nonfinite_ue8m0(op: str, arg: str = "x") -> Iterator[None]:
         raise nonfinite_ue8m0_error(op, arg) from exc
 
 
+def _cast_op(granularity: tuple[int, int]) -> str:
+    """The FP8 quantizer a granularity belongs to (for the reference kernel's messages)."""
+    if granularity[0] == 1:
+        return "per_token_cast_to_fp8"
+    return "per_channel_cast_to_fp8" if granularity[1] == 1 else "per_block_cast_to_fp8"
+
+
 def fp8_cast_kernel(call: CastInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference kernel of the FP8 quantizers: PLAIN output."""
-    with refusing_nonfinite_ue8m0("per_token_cast_to_fp8" if call.granularity[0] == 1 else "per_block_cast_to_fp8"):
-        return quantize_blocks_reference(call.x, call.granularity[0], call.granularity[1], call.use_ue8m0)
+    with refusing_nonfinite_ue8m0(_cast_op(call.granularity)):
+        return quantize_blocks_reference(call.x, call.granularity[0], call.granularity[1], call.use_ue8m0,
+                                         call.convention)
 
 
 #: what the quantizers' reference kernels emit: the PLAIN format only
@@ -121,6 +146,9 @@ PER_TOKEN_CAST = register_contract(OpContract(
     kernel=fp8_cast_kernel, kernel_formats=PLAIN_OUTPUT))
 PER_BLOCK_CAST = register_contract(OpContract(
     "per_block_cast_to_fp8", quantize_blocks_reference, Tolerance(dequantized=0.0, unquantized=1e-3),
+    kernel=fp8_cast_kernel, kernel_formats=PLAIN_OUTPUT))
+PER_CHANNEL_CAST = register_contract(OpContract(
+    "per_channel_cast_to_fp8", quantize_blocks_reference, Tolerance(dequantized=0.0, unquantized=1e-3),
     kernel=fp8_cast_kernel, kernel_formats=PLAIN_OUTPUT))
 
 
@@ -190,48 +218,75 @@ def quantized_result(contract: OpContract, make: Callable[[Format], Inputs], sha
                       implicit=False)
 
 
+def check_convention(op: str, convention: Any) -> None:
+    if convention not in CONVENTIONS:
+        raise ContractError(format_problem(op, "convention", repr(convention), f"one of {CONVENTIONS}",
+                                           "leave the default 'portable' (the drop-in modules pass their own)"))
+
+
 def _cast(contract: OpContract, x: torch.Tensor, granularity: tuple[int, int], use_ue8m0: bool,
-          prepare_for: str | Callable[..., Any] | None, arg: str) -> QuantTensor | PreparedTensor:
+          prepare_for: str | Callable[..., Any] | None, arg: str, convention: str) -> QuantTensor | PreparedTensor:
     check_bool(contract.name, "use_ue8m0", use_ue8m0)
+    check_convention(contract.name, convention)
     target = consumer(prepare_for, arg)
-    return quantized_result(contract, lambda fmt: CastInputs(x, granularity, use_ue8m0, fmt), tuple(x.shape),
-                            granularity, use_ue8m0, "e4m3", target, arg)
+    return quantized_result(contract, lambda fmt: CastInputs(x, granularity, use_ue8m0, fmt, convention),
+                            tuple(x.shape), granularity, use_ue8m0, "e4m3", target, arg)
 
 
 @public_op(PER_TOKEN_CAST)
 def per_token_cast_to_fp8(x: torch.Tensor, gran_k: int = 128, use_ue8m0: bool = False, *,
                           prepare_for: str | Callable[..., Any] | None = None,
-                          arg: str = "a") -> QuantTensor | PreparedTensor:
+                          arg: str = "a", convention: str = "portable") -> QuantTensor | PreparedTensor:
     """Quantize activations per token: x bf16/fp16/fp32 [..., M, K] ->
     QuantTensor(fp8 [..., M, K], fp32 [..., M, ceil(K/gran_k)]), granularity (1, gran_k).
 
     prepare_for: an op (name or function) whose argument `arg` will consume the result; the
     result is then a PreparedTensor already in the selected backend's bytes for that argument, so
-    the op converts nothing.
+    the op converts nothing. convention: "portable" (q = x / sf) or "deep_gemm" (q = x * (1/sf)).
+    The result behaves like the pair (data, scale): q[0], q[1], len(q) == 2, unpacking.
     """
     if is_compiling():
-        return compiled_call("per_token_cast_to_fp8", x, gran_k, use_ue8m0, prepare_for=prepare_for, arg=arg)
+        return compiled_call("per_token_cast_to_fp8", x, gran_k, use_ue8m0, prepare_for=prepare_for, arg=arg,
+                             convention=convention)
     check_float_input(PER_TOKEN_CAST.name, x, 2, 3)
     check_int(PER_TOKEN_CAST.name, "gran_k", gran_k, 1, fix="pass e.g. 128")
-    return _cast(PER_TOKEN_CAST, x, (1, gran_k), use_ue8m0, prepare_for, arg)
+    return _cast(PER_TOKEN_CAST, x, (1, gran_k), use_ue8m0, prepare_for, arg, convention)
 
 
 @public_op(PER_BLOCK_CAST)
 def per_block_cast_to_fp8(x: torch.Tensor, block: tuple[int, int] = (128, 128), use_ue8m0: bool = False, *,
                           prepare_for: str | Callable[..., Any] | None = None,
-                          arg: str = "b") -> QuantTensor | PreparedTensor:
+                          arg: str = "b", convention: str = "portable") -> QuantTensor | PreparedTensor:
     """Quantize weights per block: x bf16/fp16/fp32 [(G,) N, K] -> QuantTensor(fp8 [(G,) N, K],
     fp32 [(G,) ceil(N/block[0]), ceil(K/block[1])]), granularity `block`. `prepare_for` as in
-    per_token_cast_to_fp8 (default argument "b")."""
+    per_token_cast_to_fp8 (default argument "b"); convention as in per_token_cast_to_fp8."""
     if is_compiling():
-        return compiled_call("per_block_cast_to_fp8", x, block, use_ue8m0, prepare_for=prepare_for, arg=arg)
+        return compiled_call("per_block_cast_to_fp8", x, block, use_ue8m0, prepare_for=prepare_for, arg=arg,
+                             convention=convention)
     check_float_input(PER_BLOCK_CAST.name, x, 2, 3)
     if not (isinstance(block, (tuple, list)) and len(block) == 2):
         raise ContractError(format_problem(PER_BLOCK_CAST.name, "block", repr(block), "a pair (gran_n, gran_k)",
                                            "pass e.g. (128, 128)"))
     check_int(PER_BLOCK_CAST.name, "block[0]", block[0], 1, fix="pass e.g. (128, 128)")
     check_int(PER_BLOCK_CAST.name, "block[1]", block[1], 1, fix="pass e.g. (128, 128)")
-    return _cast(PER_BLOCK_CAST, x, (int(block[0]), int(block[1])), use_ue8m0, prepare_for, arg)
+    return _cast(PER_BLOCK_CAST, x, (int(block[0]), int(block[1])), use_ue8m0, prepare_for, arg, convention)
+
+
+@public_op(PER_CHANNEL_CAST)
+def per_channel_cast_to_fp8(x: torch.Tensor, gran_k: int = 128, use_ue8m0: bool = False, *,
+                            convention: str = "portable") -> QuantTensor:
+    """Quantize per channel: one scale per (gran_k rows, 1 column) — x bf16/fp16/fp32 [(G,) K, N] ->
+    QuantTensor(fp8 [(G,) K, N], fp32 [(G,) ceil(K/gran_k), N]), granularity (gran_k, 1).
+
+    The K-grouped GEMMs' operand quantizer (DeepGEMM's and TileKernels' per_channel_cast): x is
+    stored K x N (N contiguous) and every column gets one scale per gran_k rows. K need not be a
+    multiple of gran_k (the last block is partial). convention as in per_token_cast_to_fp8.
+    """
+    if is_compiling():
+        return compiled_call("per_channel_cast_to_fp8", x, gran_k, use_ue8m0, convention=convention)
+    check_float_input(PER_CHANNEL_CAST.name, x, 2, 3)
+    check_int(PER_CHANNEL_CAST.name, "gran_k", gran_k, 1, fix="pass e.g. 128")
+    return _cast(PER_CHANNEL_CAST, x, (gran_k, 1), use_ue8m0, None, "a", convention)
 
 
 def dequantize(q: QuantTensor | PreparedTensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -66,7 +66,8 @@ class QuantTensor:
     ue8m0: True when every scale is known to be a power of two (quantized with use_ue8m0); False
            means not known, and a Format that stores exponents only checks the values when converting
 
-    Unpacks as `(data, scale)` so it can be passed wherever DeepGEMM takes a tuple.
+    Behaves like the `(data, scale)` pair it stands for — unpacking, `q[0]`, `q[1]`, `len(q) == 2` —
+    so it can be passed and indexed wherever DeepGEMM takes or returns a tuple.
     """
 
     data: torch.Tensor
@@ -142,6 +143,12 @@ class QuantTensor:
         yield self.data
         yield self.scale
 
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return _pair_item(self, index)
+
     def __repr__(self) -> str:
         return (f"QuantTensor({self.element} {tuple(self.shape)}, scale {tuple(self.scale.shape)} fp32, "
                 f"granularity={self.granularity}, ue8m0={self.ue8m0}, device={self.device})")
@@ -164,6 +171,8 @@ class PreparedTensor:
 
     `signature` (computed once) is what run-time selection keys on: backend, format, options,
     element, data dtype and device.
+    Like a QuantTensor it behaves as the pair `(data, scale)` of its stored bytes (`p[0]`, `p[1]`,
+    unpacking, `len(p) == 2`): for nvidia sm100 that is DeepGEMM's own packed int32 scale tensor.
     """
 
     data: torch.Tensor
@@ -206,6 +215,16 @@ class PreparedTensor:
         s["params"](p, params)
         s["signature"](p, ("prepared", backend, format.name, params, element, data.dtype, data.device))
         return p
+
+    def __iter__(self) -> Iterator[torch.Tensor | None]:
+        yield self.data
+        yield self.scale
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> torch.Tensor | None:
+        return _pair_item(self, index)
 
     @property
     def tag(self) -> LayoutTag:
@@ -270,6 +289,18 @@ def _check_prepared(p: PreparedTensor) -> None:
     if problem is not None:
         raise LayoutError(f"{where}({p.backend}:{p.format.name}, logical {p.element} {tuple(p.shape)}): {problem}. "
                           f"Fix: build prepared operands with prepare_inputs from a QuantTensor, never by hand.")
+
+
+def _pair_item(value: QuantTensor | PreparedTensor, index: int) -> Any:
+    """`value[0]` / `value[1]` (or -2 / -1): the data and scale of the (data, scale) pair a quantized
+    operand stands for, as DeepGEMM code indexes its tuples (`x_fp8[0]`, `(a[0].T, a[1].T)`)."""
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise TypeError(f"{type(value).__name__} indices must be 0 (data) or 1 (scale), not {type(index).__name__}")
+    if index in (0, -2):
+        return value.data
+    if index in (1, -1):
+        return value.scale
+    raise IndexError(f"{type(value).__name__} is a (data, scale) pair; index {index} is out of range")
 
 
 def _rebuild_prepared(data, scale, format_name, backend, shape, granularity, storage_granularity, ue8m0, element,

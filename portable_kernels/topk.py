@@ -1,14 +1,19 @@
 """Top-k selection op family (DeepSelect names and argument order): the k largest elements per row.
 
-`topk(input, topk, sorted=False, begin=None, end=None, indices_type=torch.int64, sorted_index=False, *,
-idx_oob_fill_value=2**31-1, value_oob_fill_value=-inf, return_value=True) -> (values | None, indices)`.
+`topk(input, topk, sorted=False, begin=None, end=None, indices_type=torch.int64, sorted_index=False, hint=None,
+output_idx=None, output_idx_offset=None, idx_oob_fill_value=2**31-1, value_oob_fill_value=-inf,
+return_value=True, abort_when_nan_found=True) -> (values | None, indices)` — DeepSelect's signature.
 Contract: input bf16/fp32 [b, n]; row i holds end[i] valid elements (its first ones; end=None: all n);
 each row returns min(topk, end[i]) valid selections first, then fill values. The chosen set is any
 set of that size with min(selected) >= max(unselected valid) — ties are broken freely, ±0 compare
 equal, ±inf are ordinary values. Unordered unless `sorted` (values non-increasing) or `sorted_index`
 (indices increasing), never both. NaN policy: a NaN inside a row's valid range is refused with a
 ContractError naming 'input' before anything runs (NaN past end[i] is ignored); this costs one pass
-over the input and a host sync, the price of an exact contract.
+over the input and a host sync, the price of an exact contract. With abort_when_nan_found=False
+the op instead selects from a copy with NaN read as -inf and writes DeepSelect's marker
+0x3F3F3F3F into every index of a row that held NaN (values NaN) — device ops, no sync; providers
+never see NaN then. output_idx (a buffer to write) and output_idx_offset (added to every valid
+index) are applied by the op after the provider, so providers keep one inputs value.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ END_DTYPE = torch.int32
 MAX_TOPK = 4096
 DEFAULT_IDX_FILL = 2**31 - 1
 DEFAULT_VALUE_FILL = float("-inf")
+#: what DeepSelect writes into the indices of a row with NaN when asked not to abort
+NAN_ROW_MARKER = 0x3F3F3F3F
 _INDEX_BOUNDS = {dtype: (torch.iinfo(dtype).min, torch.iinfo(dtype).max) for dtype in INDEX_DTYPES}
 
 
@@ -176,9 +183,10 @@ def _check_end(op: str, end: Any, b: int, n: int, device: torch.device) -> None:
 
 @public_op(TOPK)
 def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: None = None, end: torch.Tensor | None = None,
-         indices_type: torch.dtype = torch.int64, sorted_index: bool = False, *,
+         indices_type: torch.dtype = torch.int64, sorted_index: bool = False, hint: None = None,
+         output_idx: torch.Tensor | None = None, output_idx_offset: torch.Tensor | None = None,
          idx_oob_fill_value: int = DEFAULT_IDX_FILL, value_oob_fill_value: float = DEFAULT_VALUE_FILL,
-         return_value: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+         return_value: bool = True, abort_when_nan_found: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The `topk` largest elements of each row (DeepSelect `deep_select.topk`).
 
     input: bf16 or fp32 [b, n]; topk: int, 1 <= topk <= 4096 (topk > n is allowed: the rest is fill)
@@ -189,21 +197,30 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: None = Non
     idx_oob_fill_value / value_oob_fill_value: written after the min(topk, end[i]) valid slots
         (the value fill is stored in input's dtype, rounded as a cast rounds)
     return_value: False returns (None, indices)
-    Returns (values: input.dtype [b, topk] | None, indices: indices_type [b, topk]); a NaN in a valid
-    range raises ContractError (found in the provider's pass over the data, see reject_nan).
+    hint: must be None (DeepSelect does not support it either; a ValueError, as its tests expect)
+    output_idx: None or an indices_type [b, topk] tensor the indices are written into (and returned)
+    output_idx_offset: None or int32 [b]: added to every valid index of row i (not to the fill value)
+    abort_when_nan_found: True raises ContractError for a NaN in a valid range (found in the provider's
+        pass over the data, see reject_nan); False writes NAN_ROW_MARKER (0x3F3F3F3F) into every index
+        of such a row and NaN into its values
+    Returns (values: input.dtype [b, topk] | None, indices: indices_type [b, topk]).
     """
     if is_compiling():
-        return compiled_call("topk", input, topk, sorted, begin, end, indices_type, sorted_index,
-                             idx_oob_fill_value=idx_oob_fill_value, value_oob_fill_value=value_oob_fill_value,
-                             return_value=return_value)
+        return compiled_call("topk", input, topk, sorted, begin, end, indices_type, sorted_index, hint, output_idx,
+                             output_idx_offset, idx_oob_fill_value, value_oob_fill_value, return_value,
+                             abort_when_nan_found)
     op = TOPK.name
     _check_input(op, input)
     b, n = input.shape
     if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
         raise ContractError(format_problem(op, "topk", repr(topk), f"an int in [1, {MAX_TOPK}]",
                                            f"select at most {MAX_TOPK} elements per row (torch.topk for more)"))
-    for arg, value in (("sorted", sorted), ("sorted_index", sorted_index), ("return_value", return_value)):
+    for arg, value in (("sorted", sorted), ("sorted_index", sorted_index), ("return_value", return_value),
+                       ("abort_when_nan_found", abort_when_nan_found)):
         check_bool(op, arg, value)
+    if hint is not None:
+        raise ContractError(format_problem(op, "hint", describe(hint), "None (not supported, as in DeepSelect)",
+                                           "drop the hint"))
     if sorted and sorted_index:
         raise ContractError(format_problem(op, "sorted_index", "True together with sorted=True",
                                            "at most one of sorted (by value) and sorted_index (by index)",
@@ -222,5 +239,49 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin: None = Non
         _check_value_fill(op, value_oob_fill_value, input.dtype)
     if end is not None:
         _check_end(op, end, b, n, input.device)
-    return run(TOPK, TopkInputs(input, topk, end, sorted, sorted_index, indices_type, idx_oob_fill_value,
-                                float(value_oob_fill_value), return_value))
+    check_outputs(op, output_idx, output_idx_offset, b, topk, indices_type, input.device)
+    source = input if abort_when_nan_found else torch.nan_to_num(input, nan=float("-inf"), posinf=math.inf,
+                                                                 neginf=-math.inf)
+    values, indices = run(TOPK, TopkInputs(source, topk, end, sorted, sorted_index, indices_type, idx_oob_fill_value,
+                                           float(value_oob_fill_value), return_value))
+    if output_idx_offset is not None:
+        valid = torch.arange(topk, device=input.device)[None, :] < _valid_counts(end, b, n, topk, input.device)
+        shifted = (indices.to(torch.int64) + output_idx_offset.to(torch.int64)[:, None]).to(indices_type)
+        indices = torch.where(valid, shifted, indices)
+    if not abort_when_nan_found:
+        nan_rows = torch.isnan(input)
+        if end is not None:
+            nan_rows &= torch.arange(n, device=input.device)[None, :] < end[:, None].to(torch.int64)
+        nan_rows = nan_rows.any(dim=1, keepdim=True)
+        indices = indices.masked_fill(nan_rows, NAN_ROW_MARKER)
+        if values is not None:
+            values = values.masked_fill(nan_rows, float("nan"))
+    if output_idx is not None:
+        output_idx.copy_(indices)
+        indices = output_idx
+    return values, indices
+
+
+def _valid_counts(end: torch.Tensor | None, b: int, n: int, topk: int, device: torch.device) -> torch.Tensor:
+    """[b, 1] int64: how many leading slots of each row hold a selection (the rest is fill)."""
+    lengths = torch.full((b,), n, dtype=torch.int64, device=device) if end is None else end.to(torch.int64)
+    return lengths.clamp(max=topk)[:, None]
+
+
+def check_outputs(op: str, output_idx: Any, output_idx_offset: Any, b: int, topk: int, indices_type: torch.dtype,
+                   device: torch.device) -> None:
+    if output_idx is not None:
+        if not isinstance(output_idx, torch.Tensor) or output_idx.dtype != indices_type:
+            raise ContractError(format_problem(op, "output_idx", describe(output_idx),
+                                               f"None or a {indices_type} tensor (indices_type)",
+                                               "allocate output_idx with dtype=indices_type"))
+        if tuple(output_idx.shape) != (b, topk) or output_idx.device != device:
+            raise ContractError(format_problem(op, "output_idx", describe(output_idx),
+                                               f"[b, topk] = [{b}, {topk}] on {device}",
+                                               "allocate output_idx = torch.empty(b, topk, dtype=indices_type)"))
+    if output_idx_offset is not None:
+        if not isinstance(output_idx_offset, torch.Tensor) or output_idx_offset.dtype != END_DTYPE \
+                or tuple(output_idx_offset.shape) != (b,) or output_idx_offset.device != device:
+            raise ContractError(format_problem(op, "output_idx_offset", describe(output_idx_offset),
+                                               f"None or an int32 tensor [b] = [{b}] on {device}",
+                                               "pass one int32 offset per row"))

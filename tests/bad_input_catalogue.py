@@ -376,6 +376,46 @@ bad(S, "QuantTensor granularity 0", None)(lambda: pk.QuantTensor(_a().data, _a()
 bad(S, "QuantTensor scale of a wrong shape", None)(lambda: pk.QuantTensor(_a().data, _a().scale[:, :1], (1, 128)))
 
 
+# -- the drop-in parity additions (issue 11): new ops and keywords ---------------------------------------------
+bad(Q, "per_channel x 1-D", "x")(lambda: pk.per_channel_cast_to_fp8(rnd(8)))
+bad(Q, "per_channel gran_k 0", "gran_k")(lambda: pk.per_channel_cast_to_fp8(rnd(8, 8), gran_k=0))
+bad(Q, "cast convention unknown", "convention")(lambda: pk.per_token_cast_to_fp8(rnd(4, 8), convention="tile"))
+bad(G, "nn b of another K", "b")(lambda: pk.fp8_gemm_nn(_a(), _b(8, 256), _d()))
+bad(G, "tn d of a wrong shape", "d")(
+    lambda: pk.fp8_gemm_tn((_a().data.T, _a().scale.T), (_b().data.T, _b().scale.T), _d(4, 9)))
+bad(G, "bf16 tt a fp32", "a")(lambda: pk.bf16_gemm_tt(rnd(256, 4), rnd(8, 256).bfloat16(), _d()))
+bad(G, "packed int32 scale of no possible width", "a")(
+    lambda: pk.fp8_gemm_nt((_a().data, torch.zeros(4, 3, dtype=torch.int32)), _b(), _d()))
+bad(GG, "fp8_fp4 contiguous with an FP8 weight", "b")(
+    lambda: pk.m_grouped_fp8_fp4_gemm_nt_contiguous(_a(256), pk.per_block_cast_to_fp8(rnd(2, 8, 256)),
+                                                    _d(256, 8), torch.zeros(256, dtype=torch.int32)))
+bad(GG, "ensure_zero_padding 'yes'", "ensure_zero_padding")(
+    lambda: pk.m_grouped_bf16_gemm_nt_contiguous(rnd(128, 64).bfloat16(), rnd(1, 8, 64).bfloat16(), _d(128, 8),
+                                                 torch.zeros(128, dtype=torch.int32), ensure_zero_padding="yes"))
+bad(GG, "k-grouped K not a multiple of the alignment", "ks_cpu")(
+    lambda: pk.k_grouped_bf16_gemm_tn_contiguous(rnd(100, 8).bfloat16(), rnd(100, 4).bfloat16(), torch.empty(1, 8, 4),
+                                                 [100], torch.tensor([100], dtype=torch.int32)))
+bad(GG, "k-grouped recipe (1, 128, 128)", "recipe")(
+    lambda: pk.k_grouped_fp8_gemm_tn_contiguous((torch.zeros(128, 8, dtype=torch.float8_e4m3fn), torch.ones(1, 8)),
+                                                (torch.zeros(128, 4, dtype=torch.float8_e4m3fn), torch.ones(1, 4)),
+                                                torch.empty(1, 8, 4), [128], torch.tensor([128], dtype=torch.int32),
+                                                recipe=(1, 128, 128)))
+bad(GG, "set_mk_alignment 0", "alignment")(lambda: pk.set_mk_alignment_for_contiguous_layout(0))
+bad(M, "attn_sink with dense decode", "attn_sink")(lambda: _mla(attn_sink=torch.zeros(16)))
+bad(M, "sparse prefill d_v 256", "d_v")(
+    lambda: pk.flash_mla_sparse_fwd(rnd(2, 4, 576).bfloat16(), rnd(8, 1, 576).bfloat16(),
+                                    torch.zeros(2, 1, 4, dtype=torch.int32), 0.05, d_v=256))
+bad(M, "varlen dropout", "dropout_p")(
+    lambda: pk.flash_attn_varlen_func(rnd(4, 2, 64).bfloat16(), rnd(4, 2, 64).bfloat16(), rnd(4, 2, 64).bfloat16(),
+                                      torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0, 4], dtype=torch.int32),
+                                      4, 4, dropout_p=0.1))
+bad(T, "hint given", "hint")(lambda: pk.topk(torch.ones(2, 8), 2, hint=torch.zeros(2, dtype=torch.int32)))
+bad(T, "output_idx of another dtype", "output_idx")(
+    lambda: pk.topk(torch.ones(2, 8), 2, output_idx=torch.empty(2, 2, dtype=torch.int32)))
+bad(T, "output_idx_offset int64", "output_idx_offset")(
+    lambda: pk.topk(torch.ones(2, 8), 2, output_idx_offset=torch.zeros(2, dtype=torch.int64)))
+
+
 def classify(entry: Bad) -> str:
     """'typed' (the expected error naming the argument), 'typed-unnamed' (a PortableKernelsError
     that does not name it, or of another type), 'untyped' (another exception), 'accepted'."""

@@ -407,3 +407,131 @@ for _i, _with_out in ((0, False), (1, True), (3, False), (4, True)):
 @case("get_dispatch_layout", "7 tokens x3, 12 experts on 3 ranks")
 def _dispatch_layout(seed: int) -> Call:
     return (_routing(7, 3, 12, seed), 12, 3), {}
+
+
+# -- drop-in parity (issue 11): new ops and keywords ----------------------------------------------
+
+def _stored_pair(q: pk.QuantTensor) -> tuple:
+    return q.data.T.contiguous(), q.scale.T.contiguous()
+
+
+def _fp8_transposed(layout: str) -> Callable[[int], Call]:
+    def build(seed: int) -> Call:
+        x = randn(3, 256, seed=seed, dtype=torch.bfloat16)
+        w = randn(70, 256, seed=seed + 1, dtype=torch.bfloat16, scale=256 ** -0.5)
+        a, b = pk.per_token_cast_to_fp8(x, use_ue8m0=True), pk.per_block_cast_to_fp8(w, use_ue8m0=True)
+        a = _stored_pair(a) if layout[0] == "t" else tuple(a)
+        b = _stored_pair(b) if layout[1] == "n" else tuple(b)
+        return (a, b, poison(3, 70, dtype=torch.bfloat16), randn(3, 70, seed=seed + 2)), {}
+    return build
+
+
+def _bf16_transposed(layout: str) -> Callable[[int], Call]:
+    def build(seed: int) -> Call:
+        a, b = randn(3, 96, seed=seed, dtype=torch.bfloat16), randn(70, 96, seed=seed + 1, dtype=torch.bfloat16)
+        a = a.T.contiguous() if layout[0] == "t" else a
+        b = b.T.contiguous() if layout[1] == "n" else b
+        return (a, b, poison(3, 70, dtype=torch.float32)), {}
+    return build
+
+
+for _layout in ("nn", "tn", "tt"):
+    case(f"fp8_gemm_{_layout}", "raw pairs as stored, c")(_fp8_transposed(_layout))
+    case(f"bf16_gemm_{_layout}", "3x70x96")(_bf16_transposed(_layout))
+
+
+@case("per_channel_cast_to_fp8", "300x64 deep_gemm convention")
+def _per_channel(seed: int) -> Call:
+    return (randn(300, 64, seed=seed, dtype=torch.bfloat16),), {"convention": "deep_gemm"}
+
+
+case("per_token_cast_to_fp4", "3x300 deep_gemm convention")(
+    _cast("per_token_cast_to_fp4", (3, 300), None, convention="deep_gemm"))
+
+
+@case("m_grouped_fp8_gemm_nt_contiguous", "padding kept (ensure_zero_padding=False)")
+def _grouped_keep(seed: int) -> Call:
+    args, kwargs = _grouped(True, False)(seed)
+    return args, {**kwargs, "ensure_zero_padding": False}
+
+
+def _grouped_fp4(masked: bool) -> Callable[[int], Call]:
+    def build(seed: int) -> Call:
+        groups, n, k = 2, 32, 128
+        w = randn(groups, n, k, seed=seed + 1, dtype=torch.bfloat16, scale=k ** -0.5)
+        b = pk.per_token_cast_to_fp4(w, gran_k=32, use_ue8m0=True)
+        if masked:
+            a = pk.per_token_cast_to_fp8(randn(groups, 8, k, seed=seed, dtype=torch.bfloat16), use_ue8m0=True)
+            p = _prepared("m_grouped_fp8_fp4_gemm_nt_masked", a=a, b=b)
+            return (p["a"], p["b"], poison(groups, 8, n, dtype=torch.bfloat16),
+                    torch.tensor([5, 8], dtype=torch.int32), 6), {}
+        alignment = pk.get_m_alignment_for_contiguous_layout()
+        m_indices = contiguous_m_indices(torch.tensor([3, alignment]), alignment)
+        a = pk.per_token_cast_to_fp8(randn(m_indices.numel(), k, seed=seed, dtype=torch.bfloat16), use_ue8m0=True)
+        p = _prepared("m_grouped_fp8_fp4_gemm_nt_contiguous", a=a, b=b)
+        return (p["a"], p["b"], poison(m_indices.numel(), n, dtype=torch.bfloat16), m_indices), {}
+    return build
+
+
+case("m_grouped_fp8_fp4_gemm_nt_contiguous", "m_indices, 2 groups")(_grouped_fp4(False))
+case("m_grouped_fp8_fp4_gemm_nt_masked", "2x8x32x128")(_grouped_fp4(True))
+
+
+def _k_grouped(kind: str) -> Callable[[int], Call]:
+    def build(seed: int) -> Call:
+        ks, m, n = [128, 256], 16, 24
+        x, y = randn(384, m, seed=seed, dtype=torch.bfloat16), randn(384, n, seed=seed + 1, dtype=torch.bfloat16)
+        layout, c = torch.tensor(ks, dtype=torch.int32), randn(2, m, n, seed=seed + 2)
+        d = poison(2, m, n, dtype=torch.float32)
+        if kind == "bf16":
+            return (x, y, d, ks, layout, c), {}
+        qx = [pk.per_channel_cast_to_fp8(x[s:s + k]) for s, k in ((0, 128), (128, 256))]
+        qy = [pk.per_channel_cast_to_fp8(y[s:s + k]) for s, k in ((0, 128), (128, 256))]
+        a = (torch.cat([q.data for q in qx]), torch.cat([q.scale for q in qx]))
+        b = (torch.cat([q.data for q in qy]), torch.cat([q.scale for q in qy]))
+        if kind == "nt":
+            a = (torch.cat([q.data.T.contiguous().flatten() for q in qx]), a[1].T)
+            b = (torch.cat([q.data.T.contiguous().flatten() for q in qy]), b[1].T)
+        return (a, b, d, ks, layout, c), {}
+    return build
+
+
+case("k_grouped_fp8_gemm_tn_contiguous", "2 groups, K 128 + 256")(_k_grouped("tn"))
+case("k_grouped_fp8_gemm_nt_contiguous", "2 groups, K 128 + 256")(_k_grouped("nt"))
+case("k_grouped_bf16_gemm_tn_contiguous", "2 groups, K 128 + 256")(_k_grouped("bf16"))
+
+
+@case("flash_mla_with_kvcache", "sparse with attn_sink, topk_length and an extra cache")
+def _decode_extras(seed: int) -> Call:
+    first = build_paged_cache(random_kv((40, 9), 1, 576, seed=seed), 16, seed=seed, fp8=True)
+    extra = build_paged_cache(random_kv((5, 20), 1, 576, seed=seed + 1), 8, seed=seed + 1, fp8=True)
+    idx = random_indices(first, 1, 16, seed=seed + 2)[0]
+    extra_idx = random_indices(extra, 1, 4, seed=seed + 3)[0]
+    meta, splits = pk.get_mla_metadata(first.cache_seqlens, 16, 1, 16, True, 16)
+    q = randn(2, 1, 16, 576, seed=seed + 4, dtype=torch.bfloat16)
+    return (q, first.k_cache, None, None, 512, meta, splits, None, False, True, idx, randn(16, seed=seed + 5),
+            extra.k_cache, extra_idx, torch.tensor([16, 3], dtype=torch.int32), None), {}
+
+
+@case("topk", "4x300 k=8, NaN row marked, offsets, into output_idx, no values")
+def _topk_deepselect(seed: int) -> Call:
+    x = randn(4, 300, seed=seed)
+    x[2, 17] = float("nan")  # (no values: a marked row's values are NaN, which the comparison cannot match)
+    return (x, 8), {"output_idx": torch.empty(4, 8, dtype=torch.int64), "return_value": False,
+                    "output_idx_offset": torch.arange(4, dtype=torch.int32) * 300, "abort_when_nan_found": False}
+
+
+@case("flash_mla_sparse_fwd", "5x16 heads, topk 16, sink, topk_length")
+def _sparse_prefill(seed: int) -> Call:
+    q, kv = randn(5, 16, 576, seed=seed, dtype=torch.bfloat16), randn(40, 1, 576, seed=seed + 1, dtype=torch.bfloat16)
+    indices = torch.randint(-1, 44, (5, 1, 16), generator=torch.Generator().manual_seed(seed), dtype=torch.int32)
+    return (q, kv, indices, 576 ** -0.5, 512, randn(16, seed=seed + 2),
+            torch.tensor([16, 3, 0, 8, 16], dtype=torch.int32)), {}
+
+
+@case("flash_attn_varlen_func", "2 sequences, GQA 8/2, causal")
+def _varlen(seed: int) -> Call:
+    q, k = randn(14, 8, 64, seed=seed, dtype=torch.bfloat16), randn(21, 2, 64, seed=seed + 1, dtype=torch.bfloat16)
+    v = randn(21, 2, 32, seed=seed + 2, dtype=torch.bfloat16)
+    cu_q, cu_k = torch.tensor([0, 5, 14], dtype=torch.int32), torch.tensor([0, 12, 21], dtype=torch.int32)
+    return (q, k, v, cu_q, cu_k, 9, 12), {"causal": True}

@@ -46,6 +46,10 @@ MUTATED = {
     "flash_mla_with_kvcache": {"out", "lse"}, "reduce_fused": {"out"},
     "swiglu_forward_and_per_token_cast": {"clamped_count"}, "swiglu_forward": {"clamped_count"},
     "top2_sum_gate": {"unmapped_topk_idx"}, "inplace_unique_group_indices": {"group_indices"},
+    **{f"{kind}_gemm_{layout}": {"d"} for kind in ("fp8", "bf16") for layout in ("nn", "tn", "tt")},
+    "m_grouped_fp8_fp4_gemm_nt_contiguous": {"d"}, "m_grouped_fp8_fp4_gemm_nt_masked": {"d"},
+    "k_grouped_fp8_gemm_tn_contiguous": {"d"}, "k_grouped_fp8_gemm_nt_contiguous": {"d"},
+    "k_grouped_bf16_gemm_tn_contiguous": {"d"},
 }
 
 _BYTE_FLOATS = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu)
@@ -80,7 +84,8 @@ def recording_ops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, t
         return call
 
     for module in (torch_ops.gemm, torch_ops.grouped_gemm, torch_ops.quantization, torch_ops.topk,
-                   torch_ops.moe_routing, torch_ops.moe_indices, torch_ops.swiglu, torch_ops.mla, torch_ops.ep):
+                   torch_ops.moe_routing, torch_ops.moe_indices, torch_ops.swiglu, torch_ops.mla, torch_ops.ep,
+                   torch_ops.parity):
         monkeypatch.setattr(module, "op", recording)
     yield calls
 

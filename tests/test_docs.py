@@ -67,3 +67,11 @@ def test_adding_a_backend_guide_builds_a_plugin_that_passes_conformance(tmp_path
     for script in scripts:
         result = run("-c", script)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_porting_snippets_run():
+    # the runnable snippets start with "# before: <the upstream import>" (the others quote upstream code)
+    blocks = [b for b in _blocks("porting.md", "python") if b.startswith("# before:")]
+    assert len(blocks) >= 3, "porting.md should hold a runnable snippet for DeepGEMM, FlashMLA and DeepSelect"
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"porting.md block {i}", "exec"), {"__name__": f"docs_porting_{i}"})

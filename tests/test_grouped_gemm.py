@@ -1,5 +1,6 @@
 """MoE grouped GEMMs: valid rows against fp64 references from dequantized operands, padding rows
-untouched, both contiguous forms, the backend's alignment, and the bad-input catalogue."""
+zeroed by default (untouched with ensure_zero_padding=False, and always in the masked form), both
+contiguous forms, the backend's alignment, and the bad-input catalogue."""
 
 from __future__ import annotations
 
@@ -47,10 +48,18 @@ def test_fp8_contiguous_valid_rows_match_dequantized_fp64_reference(counts, n, k
     assert pk.calc_diff(d[valid], _rowwise_reference(x, w, m_indices)[valid]) <= 1e-3
 
 
-def test_fp8_contiguous_leaves_padding_rows_untouched():
+def test_fp8_contiguous_zeroes_padding_rows_by_default():
     _, m_indices, _, _, a, b = _contiguous_inputs([3, 0, 129], 48, 256, seed=1)
     d = poison(m_indices.numel(), 48, dtype=torch.bfloat16)
     pk.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    assert torch.equal(d[m_indices < 0].float(), torch.zeros(int((m_indices < 0).sum()), 48))
+    assert torch.isfinite(d[m_indices >= 0].float()).all()
+
+
+def test_fp8_contiguous_leaves_padding_rows_untouched_without_ensure_zero_padding():
+    _, m_indices, _, _, a, b = _contiguous_inputs([3, 0, 129], 48, 256, seed=1)
+    d = poison(m_indices.numel(), 48, dtype=torch.bfloat16)
+    pk.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, ensure_zero_padding=False)
     assert torch.isnan(d[m_indices < 0].float()).all()
     assert torch.isfinite(d[m_indices >= 0].float()).all()
 
@@ -71,22 +80,27 @@ def test_psum_layout_computes_the_same_rows_as_m_indices():
     psum = psum_layout(counts, ALIGN)
     d_idx, d_psum = (poison(m_indices.numel(), 64, dtype=torch.float32) for _ in range(2))
     pk.m_grouped_fp8_gemm_nt_contiguous(a, b, d_idx, m_indices)
-    pk.m_grouped_fp8_gemm_nt_contiguous(a, b, d_psum, psum, use_psum_layout=True, expected_m_for_psum_layout=64)
+    pk.m_grouped_fp8_gemm_nt_contiguous(a, b, d_psum, psum, use_psum_layout=True, expected_m_for_psum_layout=64,
+                                        ensure_zero_padding=False)
     valid = m_indices >= 0
     assert torch.equal(d_idx[valid], d_psum[valid])
     assert torch.isnan(d_psum[~valid]).all()
+    assert not d_idx[~valid].any()
 
 
-def test_psum_rows_past_the_last_group_stay_untouched():
+@pytest.mark.parametrize("ensure_zero_padding", [True, False])
+def test_psum_gaps_and_rows_past_the_last_group_are_zeroed_or_untouched(ensure_zero_padding):
     counts = torch.tensor([3, 4])
     psum = psum_layout(counts, ALIGN)  # [3, 132]: rows 3..127 are a gap, 132.. are the tail
     total = 3 * ALIGN
     a = randn(total, 64, seed=4, dtype=torch.bfloat16)
     b = randn(2, 16, 64, seed=5, dtype=torch.bfloat16)
     d = poison(total, 16, dtype=torch.float32)
-    pk.m_grouped_bf16_gemm_nt_contiguous(a, b, d, psum, use_psum_layout=True)
+    pk.m_grouped_bf16_gemm_nt_contiguous(a, b, d, psum, use_psum_layout=True, ensure_zero_padding=ensure_zero_padding)
     rows = m_indices_from_psum(psum, ALIGN, total)
-    assert torch.isnan(d[rows < 0]).all() and int((rows >= 0).sum()) == 7
+    assert int((rows >= 0).sum()) == 7
+    padding = d[rows < 0]
+    assert (not padding.any()) if ensure_zero_padding else torch.isnan(padding).all()
     ref = _rowwise_reference(a, b, rows)
     assert pk.calc_diff(d[rows >= 0], ref[rows >= 0]) <= 1e-6
 
@@ -97,7 +111,7 @@ def test_m_indices_may_end_with_extra_padding_rows():
     a = randn(m_indices.numel(), 32, seed=6, dtype=torch.bfloat16)
     b = randn(2, 8, 32, seed=7, dtype=torch.bfloat16)
     d = poison(m_indices.numel(), 8, dtype=torch.float32)
-    pk.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices)
+    pk.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices, ensure_zero_padding=False)
     assert torch.isnan(d[-5:]).all()
 
 

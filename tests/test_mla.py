@@ -215,7 +215,11 @@ def _with(sparse=False, **changes):
 
 BAD_DECODE = {
     "q not a tensor": (_with(q=lambda a: a["q"].tolist()), "'q'"),
-    "q fp16": (_with(q=lambda a: a["q"].half()), "'q'"),
+    "q fp16 with a bf16 cache": (_with(q=lambda a: a["q"].half()), "'k_cache'"),
+    "q fp16 with the fp8 cache": (_with(True, q=lambda a: a["q"].half()), "'q'"),
+    "q fp32": (_with(q=lambda a: a["q"].float()), "'q'"),
+    "attn_sink in dense decode": (_with(attn_sink=torch.zeros(4)), "'attn_sink'"),
+    "topk_length in dense decode": (_with(topk_length=torch.ones(2, dtype=torch.int32)), "'topk_length'"),
     "q 3-D": (_with(q=lambda a: a["q"][0]), "'q'"),
     "q head dim 128": (_with(q=lambda a: a["q"][..., :128]), "'q'"),
     "q 512 with fp8 cache": (_with(True, q=lambda a: a["q"][..., :512]), "'q'"),

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from portable_kernels.oracle import register_reference
-from portable_kernels.quantization import PER_BLOCK_CAST, PER_TOKEN_CAST
+from portable_kernels.quantization import PER_BLOCK_CAST, PER_CHANNEL_CAST, PER_TOKEN_CAST
 from portable_kernels.registry import Registry
 
 from ._names import BACKEND
 
 
 def register(registry: Registry) -> None:
-    for contract in (PER_TOKEN_CAST, PER_BLOCK_CAST):
+    for contract in (PER_TOKEN_CAST, PER_BLOCK_CAST, PER_CHANNEL_CAST):
         register_reference(registry, BACKEND, contract)

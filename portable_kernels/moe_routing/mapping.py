@@ -10,6 +10,7 @@ import torch
 
 from ..checks import check_allocation, check_bool, check_int, check_tensor, first_bad
 from ..compiled import compiled_call, is_compiling
+from ..contiguous_layout import contiguous_alignment
 from ..contract import OpContract, Tolerance, checks_values, public_op, register_contract
 from ..dispatch import run, selection_for
 from ..errors import ContractError, format_problem
@@ -160,8 +161,9 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
     num_expanded_tokens: rows P of the buffer; 0 sizes it exactly (a host sync; num_tokens_per_expert_list
         is filled), unless force_no_sync, which uses the upper bound align(T·k + (alignment-1)·E, alignment)
         without syncing; a positive value must hold every aligned segment (extra rows are padding)
-    alignment: rows each expert segment is padded to; None takes the backend's grouped-GEMM alignment
-        (128 on NVIDIA, 256 on Ascend)
+    alignment: rows each expert segment is padded to; None takes the grouped GEMMs' contiguous
+        alignment: set_mk_alignment_for_contiguous_layout's value, else the backend's (128 on NVIDIA,
+        256 on Ascend)
     Returns a FusedMapping (unpacks as TileKernels' 8-tuple; see its docstring).
     """
     if is_compiling():
@@ -180,7 +182,7 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
                      "pass 0 to size the buffer exactly, or the real upper bound of rows")
     if force_no_sync:  # no host read of topk_idx at all: the buffer is sized by the upper bound
         selection = selection_for(GET_FUSED_MAPPING, FusedMappingInputs(topk_idx, num_experts, 0, 1))
-        align_rows = alignment if alignment is not None else selection.backend.moe_alignment
+        align_rows = alignment if alignment is not None else contiguous_alignment(selection.backend)
         bound = cdiv(t * k + (align_rows - 1) * num_experts, align_rows) * align_rows
         rows, synced = num_expanded_tokens or bound, False
     else:
@@ -190,7 +192,7 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
                                                f"values < num_experts = {num_experts} (negative = padding)",
                                                "pass the total expert count, or mask foreign experts with -1"))
         selection = selection_for(GET_FUSED_MAPPING, FusedMappingInputs(topk_idx, num_experts, 0, 1))
-        align_rows = alignment if alignment is not None else selection.backend.moe_alignment
+        align_rows = alignment if alignment is not None else contiguous_alignment(selection.backend)
         synced = num_expanded_tokens == 0
         counts = torch.bincount(topk_idx[topk_idx >= 0].to(torch.int64), minlength=num_experts)
         needed = int(aligned_counts(counts, align_rows).sum())

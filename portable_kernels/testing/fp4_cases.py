@@ -32,14 +32,18 @@ QUICK_SWIGLU = [(16, 256, 128, False, False, None), (33, 128, 128, True, True, 0
 FULL_SWIGLU = QUICK_SWIGLU + [(512, 2048, 128, True, True, 10.0), (256, 7168, 7168, True, False, None)]
 
 
-def _cast_case(shape, gran_k: int, ue8m0: bool, seed: int, device: torch.device) -> float:
+def _cast_case(shape, gran_k: int, ue8m0: bool, convention: str, seed: int, device: torch.device) -> float:
     x = randn(*shape, seed=seed, dtype=torch.bfloat16, device=device, scale=3.0)
-    q = per_token_cast_to_fp4(x, gran_k=gran_k, use_ue8m0=ue8m0)
-    want_data, want_scale = quantize_fp4_reference(x.cpu(), gran_k, ue8m0)
+    q = per_token_cast_to_fp4(x, gran_k=gran_k, use_ue8m0=ue8m0, convention=convention)
+    want_data, want_scale = quantize_fp4_reference(x.cpu(), gran_k, ue8m0, convention)
     if q.element != "e2m1" or tuple(q.granularity) != (1, gran_k):
         raise CaseFailure(f"result is {q!r}; expected an e2m1 QuantTensor with granularity (1, {gran_k})")
     want = QuantTensor(want_data, want_scale, (1, gran_k), ue8m0, element="e2m1")
-    assert_quantization_matches(q, want, exact_scales=ue8m0)
+    if convention == "portable":
+        assert_quantization_matches(q, want, exact_scales=ue8m0)
+    elif not (torch.equal(q.data.cpu(), want.data) and torch.equal(q.scale.cpu(), want.scale)):
+        raise CaseFailure(f"convention {convention!r} promises its library's bytes: "
+                          f"{int((q.data.cpu() != want.data).sum())} bytes differ")
     return assert_close(dequantize_reference(q), x.float(), PER_TOKEN_CAST_FP4.tolerance.unquantized,
                         "dequantized vs input")
 
@@ -110,11 +114,12 @@ def _swiglu_case(m: int, inter: int, per: int, weighted: bool, padded: bool, cla
 def fp4_cast_cases(quick: bool) -> list[Case]:
     cases = []
     for i, shape in enumerate(QUICK_CAST_SHAPES if quick else FULL_CAST_SHAPES):
-        for gran_k, ue8m0 in ((32, True), (32, False), (128, True)):
+        for gran_k, ue8m0, convention in ((32, True, "portable"), (32, False, "portable"), (128, True, "portable"),
+                                          (32, True, "deep_gemm"), (128, False, "deep_gemm")):
             seed = 6000 + 10 * i
-            label = f"shape={shape} gran_k={gran_k} ue8m0={ue8m0}"
+            label = f"shape={shape} gran_k={gran_k} ue8m0={ue8m0} convention={convention}"
             cases.append(Case("per_token_cast_to_fp4", label, seed,
-                              functools.partial(_cast_case, shape, gran_k, ue8m0, seed)))
+                              functools.partial(_cast_case, shape, gran_k, ue8m0, convention, seed)))
     return cases
 
 

@@ -1,8 +1,10 @@
 """Conformance cases for the MoE grouped GEMMs (contiguous m_indices and psum forms, masked), FP8
-and bf16: valid rows against fp64 references from dequantized operands, padding rows untouched.
+and bf16: valid rows against fp64 references from dequantized operands; padding rows of the
+contiguous forms zero (ensure_zero_padding=True) or untouched (False), of the masked form untouched.
 
 Layouts are built inside each case with the running backend's alignment
-(get_m_alignment_for_contiguous_layout), so the same cases check 128 (NVIDIA) and 256 (Ascend).
+(get_m_alignment_for_contiguous_layout), so the same cases check 128 (NVIDIA) and 256 (Ascend);
+one case per op sets a process-wide alignment of 224 (DeepGEMM's SM100 value) for its duration.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import functools
 
 import torch
 
+from ..contiguous_layout import alignment_override, set_mk_alignment_for_contiguous_layout
 from ..grouped_gemm import (M_GROUPED_FP8_CONTIGUOUS, get_m_alignment_for_contiguous_layout,
                             grouped_gemm_contiguous_reference, grouped_gemm_masked_reference,
                             m_grouped_bf16_gemm_nt_contiguous, m_grouped_bf16_gemm_nt_masked,
@@ -53,18 +56,33 @@ def _quantized(x: torch.Tensor, granularity: tuple[int, int]) -> QuantTensor:
     return QuantTensor(data.to(x.device), scale.to(x.device), granularity, ue8m0=True)
 
 
-def _check_rows(d: torch.Tensor, ref: torch.Tensor, valid: torch.Tensor, bound: float) -> float:
-    """Valid rows written and close to `ref`; every other row still holds the poison (NaN)."""
+def _check_rows(d: torch.Tensor, ref: torch.Tensor, valid: torch.Tensor, bound: float, zeroed: bool = False) -> float:
+    """Valid rows written and close to `ref`; every other row zero (`zeroed`) or still the poison (NaN)."""
     assert_written(d[valid], "d (valid rows)")
-    untouched = d[~valid]
-    if untouched.numel() and not bool(torch.isnan(untouched.float()).all()):
-        raise CaseFailure(f"d: {int((~torch.isnan(untouched.float())).any(-1).sum())} padding rows were written; "
-                          f"the contract leaves padding rows untouched")
+    padding = d[~valid].float()
+    if zeroed and padding.numel() and bool(padding.ne(0).any()):
+        raise CaseFailure(f"d: {int(padding.ne(0).any(-1).sum())} padding rows are not zero; "
+                          f"ensure_zero_padding=True zeroes every row that belongs to no group")
+    if not zeroed and padding.numel() and not bool(torch.isnan(padding).all()):
+        raise CaseFailure(f"d: {int((~torch.isnan(padding)).any(-1).sum())} padding rows were written; "
+                          f"the contract leaves them untouched here")
     return assert_close(d[valid], ref[valid], bound, "d (valid rows) vs dequantized reference")
 
 
 def _contiguous_case(fp8: bool, psum: bool, groups: int, n: int, k: int, fractions, out_dtype: torch.dtype,
-                     seed: int, device: torch.device) -> float:
+                     zero_padding: bool, set_alignment: int | None, seed: int, device: torch.device) -> float:
+    if set_alignment is None:
+        return _contiguous_run(fp8, psum, groups, n, k, fractions, out_dtype, zero_padding, seed, device)
+    outer = alignment_override()
+    set_mk_alignment_for_contiguous_layout(set_alignment)
+    try:
+        return _contiguous_run(fp8, psum, groups, n, k, fractions, out_dtype, zero_padding, seed, device)
+    finally:
+        set_mk_alignment_for_contiguous_layout(outer)
+
+
+def _contiguous_run(fp8: bool, psum: bool, groups: int, n: int, k: int, fractions, out_dtype: torch.dtype,
+                    zero_padding: bool, seed: int, device: torch.device) -> float:
     alignment = get_m_alignment_for_contiguous_layout()
     counts = _counts(groups, fractions, alignment, seed)
     m_indices = contiguous_m_indices(counts, alignment)
@@ -76,15 +94,17 @@ def _contiguous_case(fp8: bool, psum: bool, groups: int, n: int, k: int, fractio
     if fp8:
         a, b = _quantized(x, (1, 128)), _quantized(w, (128, 128))
         prepared = prepare_inputs(m_grouped_fp8_gemm_nt_contiguous, a=a, b=b)
-        m_grouped_fp8_gemm_nt_contiguous(prepared["a"], prepared["b"], d, layout.to(device), use_psum_layout=psum)
+        m_grouped_fp8_gemm_nt_contiguous(prepared["a"], prepared["b"], d, layout.to(device), use_psum_layout=psum,
+                                         ensure_zero_padding=zero_padding)
         da, db = dequantize_reference(a).cpu().double(), dequantize_reference(b).cpu().double()
     else:
-        m_grouped_bf16_gemm_nt_contiguous(x, w, d, layout.to(device), use_psum_layout=psum)
+        m_grouped_bf16_gemm_nt_contiguous(x, w, d, layout.to(device), use_psum_layout=psum,
+                                          ensure_zero_padding=zero_padding)
         da, db = x.cpu().double(), w.cpu().double()
     groups_of_rows = m_indices_from_psum(layout, alignment, total_m) if psum else m_indices
     ref = grouped_gemm_contiguous_reference(da, db, groups_of_rows)
     bound = FP32_OUTPUT_BOUND if out_dtype == torch.float32 else BF16_OUTPUT_BOUND
-    return _check_rows(d.cpu(), ref, groups_of_rows >= 0, bound)
+    return _check_rows(d.cpu(), ref, groups_of_rows >= 0, bound, zeroed=zero_padding)
 
 
 def _masked_case(fp8: bool, groups: int, max_m: int, n: int, k: int, given, out_dtype: torch.dtype, seed: int,
@@ -107,15 +127,27 @@ def _masked_case(fp8: bool, groups: int, max_m: int, n: int, k: int, given, out_
     return _check_rows(d.cpu(), grouped_gemm_masked_reference(da, db), valid, bound)
 
 
+#: DeepGEMM's contiguous alignment on SM100 (its block size), not a multiple of 128
+SET_ALIGNMENT = 224
+
+
 def _contiguous_cases(op: str, fp8: bool, quick: bool, seed0: int) -> list[Case]:
     cases = []
     for i, (groups, n, k, fractions) in enumerate(QUICK_CONTIGUOUS if quick else FULL_CONTIGUOUS):
         for psum in (False, True):
             out_dtype = torch.bfloat16 if (i + psum) % 2 == 0 else torch.float32
+            zero_padding = (i + psum) % 3 != 2
             seed = seed0 + 10 * i + psum
-            label = f"G={groups} n={n} k={k} counts={fractions or 'random'} psum={psum} d={str(out_dtype)[6:]}"
-            run = functools.partial(_contiguous_case, fp8, psum, groups, n, k, fractions, out_dtype, seed)
+            label = (f"G={groups} n={n} k={k} counts={fractions or 'random'} psum={psum} d={str(out_dtype)[6:]} "
+                     f"zero_padding={zero_padding}")
+            run = functools.partial(_contiguous_case, fp8, psum, groups, n, k, fractions, out_dtype, zero_padding,
+                                    None, seed)
             cases.append(Case(op, label, seed, run))
+    for psum in (False, True):
+        seed = seed0 + 90 + psum
+        run = functools.partial(_contiguous_case, fp8, psum, 3, 32, 256, (0.9, 0.15, 1.3), torch.float32, True,
+                                SET_ALIGNMENT, seed)
+        cases.append(Case(op, f"G=3 n=32 k=256 alignment set to {SET_ALIGNMENT} psum={psum}", seed, run))
     return cases
 
 

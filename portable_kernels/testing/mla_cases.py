@@ -48,12 +48,13 @@ class PagedKV:
 
 
 def build_paged_cache(sequences: Sequence[torch.Tensor], block_size: int, *, seed: int, fp8: bool = False,
-                      spare_blocks: int = 2, spare_columns: int = 1) -> PagedKV:
+                      spare_blocks: int = 2, spare_columns: int = 1, dtype: torch.dtype = torch.bfloat16) -> PagedKV:
     """Scatter per-sequence KV (each [s_k, h_kv, d], the same h_kv and d) over a paged cache.
 
     Blocks are assigned in a seeded random order; `spare_blocks` extra blocks stay unused and the
     table gets `spare_columns` extra columns. With `fp8`, tokens (h_kv = 1, d = 576) are packed into
-    the 656-byte FP8 format. Unused slots are NaN, unused table entries UNUSED_BLOCK_ENTRY.
+    the 656-byte FP8 format, else stored in `dtype`. Unused slots are NaN, unused table entries
+    UNUSED_BLOCK_ENTRY.
     """
     h_kv, d = sequences[0].shape[1:]
     lengths = [int(s.shape[0]) for s in sequences]
@@ -65,7 +66,7 @@ def build_paged_cache(sequences: Sequence[torch.Tensor], block_size: int, *, see
     if fp8:
         cache = torch.full((num_blocks, block_size, 1, KV_FP8_BYTES_PER_TOKEN), FP8_POISON_BYTE, dtype=torch.uint8)
     else:
-        cache = torch.full((num_blocks, block_size, h_kv, d), float("nan"), dtype=torch.bfloat16)
+        cache = torch.full((num_blocks, block_size, h_kv, d), float("nan"), dtype=dtype)
     flat = cache.view(num_blocks * block_size, *cache.shape[2:])
     held, start = [], 0
     for i, (seq, n, count) in enumerate(zip(sequences, lengths, counts)):
@@ -78,7 +79,7 @@ def build_paged_cache(sequences: Sequence[torch.Tensor], block_size: int, *, see
             tokens = pack_fp8_kv_cache(seq[..., :KV_LATENT_DIM], seq[..., KV_LATENT_DIM:].to(torch.bfloat16))
             values = dequantize_fp8_kv_cache(tokens, torch.float32)
         else:
-            tokens = seq.to(torch.bfloat16)
+            tokens = seq.to(dtype)
             values = tokens.float()
         flat[slots] = tokens
         held.append(values)
@@ -150,10 +151,11 @@ class DecodeShape:
     fp8: bool = False
     topk: int | None = None
     softmax_scale: float | None = None
+    dtype: torch.dtype = torch.bfloat16
 
     def label(self) -> str:
         mode = f"sparse topk={self.topk}" if self.topk else ("causal" if self.causal else "dense")
-        cache = "fp8" if self.fp8 else "bf16"
+        cache = "fp8" if self.fp8 else str(self.dtype).replace("torch.", "")
         scale = "" if self.softmax_scale is None else f" scale={self.softmax_scale}"
         return (f"{mode} {cache} s_k={list(self.lengths)} s_q={self.s_q} h_q={self.h_q} h_kv={self.h_kv} "
                 f"d={self.d} block={self.block_size}{scale}")
@@ -165,6 +167,7 @@ QUICK_SHAPES = [
     DecodeShape((3, 90), s_q=4, h_q=4, block_size=32, causal=True, softmax_scale=0.02),
     DecodeShape((65, 0, 17), s_q=1, h_q=16, fp8=True),
     DecodeShape((100, 0, 7), s_q=2, h_q=16, fp8=True, topk=32, block_size=16),
+    DecodeShape((40, 0, 9), s_q=2, h_q=8, d=512, block_size=16, causal=True, dtype=torch.float16),
 ]
 FULL_SHAPES = QUICK_SHAPES + [
     DecodeShape((1000, 4096, 1, 2047), s_q=1, h_q=128),
@@ -177,16 +180,16 @@ FULL_SHAPES = QUICK_SHAPES + [
 
 def _decode_case(shape: DecodeShape, seed: int, device: torch.device) -> float:
     sequences = random_kv(shape.lengths, shape.h_kv, shape.d, seed=seed)
-    paged = build_paged_cache(sequences, shape.block_size, seed=seed, fp8=shape.fp8)
+    paged = build_paged_cache(sequences, shape.block_size, seed=seed, fp8=shape.fp8, dtype=shape.dtype)
     indices = None
     if shape.topk:
         indices = random_indices(paged, shape.s_q, shape.topk, seed=seed + 1)[0]
     b = len(shape.lengths)
-    q = randn(b, shape.s_q, shape.h_q, shape.d, seed=seed + 2, dtype=torch.bfloat16)
+    q = randn(b, shape.s_q, shape.h_q, shape.d, seed=seed + 2, dtype=shape.dtype)
     dev = paged.to(device)
     meta, num_splits = get_mla_metadata(dev.cache_seqlens, shape.s_q * shape.h_q // shape.h_kv, shape.h_kv,
                                         shape.h_q, shape.fp8, shape.topk)
-    out = poison(b, shape.s_q, shape.h_q, HEAD_DIM_V, dtype=torch.bfloat16, device=device)
+    out = poison(b, shape.s_q, shape.h_q, HEAD_DIM_V, dtype=shape.dtype, device=device)
     lse = poison(b, shape.h_q, shape.s_q, dtype=torch.float32, device=device)
     got_out, got_lse = flash_mla_with_kvcache(
         q.to(device), dev.k_cache, dev.block_table, dev.cache_seqlens, HEAD_DIM_V, meta, num_splits,
@@ -228,12 +231,63 @@ def _refusal_case(defect: str, seed: int, device: torch.device) -> float:
                           defect, block_table)
 
 
+def _extras_case(lengths: tuple[int, ...], extra_lengths: tuple[int, ...], s_q: int, h_q: int, topk: int,
+                 extra_topk: int, sink: bool, limit: bool, seed: int, device: torch.device) -> float:
+    """FlashMLA's sparse extensions (attn_sink, topk_length, a second FP8 cache with its own block size)
+    against one sparse decode over both caches' tokens side by side (a different path from the op's)."""
+    first = build_paged_cache(random_kv(lengths, 1, 576, seed=seed), 16, seed=seed, fp8=True)
+    second = build_paged_cache(random_kv(extra_lengths, 1, 576, seed=seed + 1), 8, seed=seed + 1, fp8=True)
+    idx1 = random_indices(first, s_q, topk, seed=seed + 2)[0]
+    idx2 = random_indices(second, s_q, extra_topk, seed=seed + 3)[0]
+    b = len(lengths)
+    g = generator(seed + 4)
+    len1 = torch.randint(0, topk + 1, (b,), generator=g, dtype=torch.int32) if limit else None
+    len2 = torch.randint(0, extra_topk + 1, (b,), generator=g, dtype=torch.int32) if limit else None
+    attn_sink = (torch.randn(h_q, generator=g) * 2).float() if sink else None
+    if sink:
+        attn_sink[0] = float("inf")  # FlashMLA: +inf makes that head's output 0
+    q = randn(b, s_q, h_q, 576, seed=seed + 5, dtype=torch.bfloat16)
+    meta, splits = get_mla_metadata(first.cache_seqlens.to(device), s_q * h_q, 1, h_q, True, topk)
+    out, lse = flash_mla_with_kvcache(
+        q.to(device), first.k_cache.to(device), None, None, HEAD_DIM_V, meta, splits, is_fp8_kvcache=True,
+        indices=idx1.to(device), attn_sink=None if attn_sink is None else attn_sink.to(device),
+        extra_k_cache=second.k_cache.to(device), extra_indices_in_kvcache=idx2.to(device),
+        topk_length=None if len1 is None else len1.to(device),
+        extra_topk_length=None if len2 is None else len2.to(device))
+    # the reference: both caches' tokens as one block-size-1 cache, the limited indices side by side
+    n1 = first.k_cache.shape[0] * first.k_cache.shape[1]
+    joint = torch.cat((first.k_cache.view(-1, 1, 1, KV_FP8_BYTES_PER_TOKEN),
+                       second.k_cache.view(-1, 1, 1, KV_FP8_BYTES_PER_TOKEN)))
+    keep1 = torch.ones_like(idx1, dtype=torch.bool) if len1 is None else torch.arange(topk) < len1.view(-1, 1, 1)
+    keep2 = torch.ones_like(idx2, dtype=torch.bool) if len2 is None else torch.arange(extra_topk) < len2.view(-1, 1, 1)
+    joint_idx = torch.cat((torch.where(keep1, idx1, INVALID_INDEX),
+                           torch.where(keep2 & (idx2 >= 0), idx2 + n1, INVALID_INDEX)), dim=-1)
+    ref_out, ref_lse = mla_decode_reference(q, joint, None, None, HEAD_DIM_V, 576 ** -0.5, False, True, joint_idx,
+                                            dtype=torch.float64)
+    if attn_sink is not None:
+        factor = torch.sigmoid(ref_lse - attn_sink.double().view(1, -1, 1)).masked_fill(torch.isposinf(ref_lse), 0)
+        ref_out = ref_out * factor.transpose(1, 2).unsqueeze(-1)
+    assert_allclose(out, ref_out, OUT_ABS_TOL, OUT_REL_TOL, "out")
+    assert_allclose(lse, ref_lse, LSE_ABS_TOL, LSE_REL_TOL, "lse")
+    return assert_close(out, ref_out, FLASH_MLA_WITH_KVCACHE.tolerance.dequantized, "out vs fp64 reference")
+
+
 @conformance_cases("flash_mla_with_kvcache")
 def flash_mla_cases(quick: bool) -> list[Case]:
     cases = []
     for i, shape in enumerate(QUICK_SHAPES if quick else FULL_SHAPES):
         seed = 4000 + 10 * i
         cases.append(Case("flash_mla_with_kvcache", shape.label(), seed, functools.partial(_decode_case, shape, seed)))
+    extras = [((50, 0, 9), (20, 33, 0), 2, 16, 16, 8, True, True), ((70,), (5,), 1, 8, 32, 4, False, False)]
+    if not quick:
+        extras.append(((900, 300), (2000, 64), 2, 64, 256, 128, True, True))
+    for j, (lengths, extra_lengths, s_q, h_q, topk, extra_topk, sink, limit) in enumerate(extras):
+        seed = 4700 + 10 * j
+        label = (f"sparse extras: s_k={list(lengths)} extra s_k={list(extra_lengths)} topk={topk}+{extra_topk} "
+                 f"attn_sink={sink} topk_length={limit}")
+        cases.append(Case("flash_mla_with_kvcache", label, seed,
+                          functools.partial(_extras_case, lengths, extra_lengths, s_q, h_q, topk, extra_topk, sink,
+                                            limit, seed)))
     for j, defect in enumerate(("cache_seqlens", "block_table", "indices")):
         seed = 4900 + 10 * j
         cases.append(Case("flash_mla_with_kvcache", f"refuses an out-of-range {defect}", seed,

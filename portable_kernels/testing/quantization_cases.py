@@ -1,4 +1,6 @@
-"""Conformance cases for the FP8 quantizers: byte-exact against the contract's reference math."""
+"""Conformance cases for the FP8 quantizers: against the contract's reference math (codes within one
+step, power-of-two scales exact), and byte for byte in the "deep_gemm" convention, whose whole
+point is reproducing DeepGEMM's bytes."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import torch
 
 from ..gemm import fp8_gemm_nt
 from ..quantization import (PER_TOKEN_CAST, dequantize, dequantize_reference, per_block_cast_to_fp8,
-                            per_token_cast_to_fp8, quantize_blocks_reference)
+                            per_channel_cast_to_fp8, per_token_cast_to_fp8, quantize_blocks_reference)
 from ..tensors import PreparedTensor, QuantTensor
 from .checks import assert_close, assert_quantization_matches, assert_refused
 from .core import Case, CaseFailure, conformance_cases
@@ -18,14 +20,25 @@ QUICK_SHAPES = [(1, 128), (3, 300), (64, 1024), (130, 7)]
 FULL_SHAPES = QUICK_SHAPES + [(256, 7168), (2048, 7168)]
 
 
-def _check(shape, block, ue8m0, seed, device) -> float:
-    x = randn(*shape, seed=seed, dtype=torch.bfloat16, device=device, scale=3.0)
+def _cast(x: torch.Tensor, block: tuple[int, int], ue8m0: bool, convention: str = "portable") -> QuantTensor:
     if block[0] == 1:
-        q = per_token_cast_to_fp8(x, gran_k=block[1], use_ue8m0=ue8m0)
-    else:
-        q = per_block_cast_to_fp8(x, block=block, use_ue8m0=ue8m0)
-    want = QuantTensor(*quantize_blocks_reference(x.cpu(), block[0], block[1], ue8m0), block, ue8m0)
-    assert_quantization_matches(q, want, exact_scales=ue8m0)
+        return per_token_cast_to_fp8(x, gran_k=block[1], use_ue8m0=ue8m0, convention=convention)
+    if block[1] == 1:
+        return per_channel_cast_to_fp8(x, gran_k=block[0], use_ue8m0=ue8m0, convention=convention)
+    return per_block_cast_to_fp8(x, block=block, use_ue8m0=ue8m0, convention=convention)
+
+
+def _check(shape, block, ue8m0, convention, seed, device) -> float:
+    x = randn(*shape, seed=seed, dtype=torch.bfloat16, device=device, scale=3.0)
+    q = _cast(x, block, ue8m0, convention)
+    want = QuantTensor(*quantize_blocks_reference(x.cpu(), block[0], block[1], ue8m0, convention), block, ue8m0)
+    if convention == "portable":
+        assert_quantization_matches(q, want, exact_scales=ue8m0)
+    elif not (torch.equal(q.data.cpu().view(torch.uint8), want.data.view(torch.uint8))
+              and torch.equal(q.scale.cpu(), want.scale)):
+        raise CaseFailure(f"convention {convention!r} promises its library's bytes: "
+                          f"{int((q.data.cpu().view(torch.uint8) != want.data.view(torch.uint8)).sum())} data bytes "
+                          f"and {int((q.scale.cpu() != want.scale).sum())} scales differ")
     return assert_close(dequantize_reference(q), x.float(), PER_TOKEN_CAST.tolerance.unquantized,
                         "dequantized vs input")
 
@@ -52,9 +65,7 @@ def _refuses_nonfinite(block, seed, device) -> float:
     x = randn(4, 256, seed=seed, dtype=torch.bfloat16, device=device)
     x[1, 7] = float("nan")
     x[2, 200] = float("inf")
-    if block[0] == 1:
-        return assert_refused(lambda: per_token_cast_to_fp8(x, use_ue8m0=True), "x", x)
-    return assert_refused(lambda: per_block_cast_to_fp8(x, block=block, use_ue8m0=True), "x", x)
+    return assert_refused(lambda: _cast(x, block, True), "x", x)
 
 
 def _cases(op: str, block_of, quick: bool, seed0: int) -> list[Case]:
@@ -62,8 +73,12 @@ def _cases(op: str, block_of, quick: bool, seed0: int) -> list[Case]:
     for i, shape in enumerate(QUICK_SHAPES if quick else FULL_SHAPES):
         for ue8m0 in (False, True):
             block = block_of(shape)
-            run = functools.partial(_check, shape, block, ue8m0, seed0 + i)
-            cases.append(Case(op, f"shape={shape} block={block} ue8m0={ue8m0}", seed0 + i, run))
+            for convention in ("portable", "deep_gemm"):
+                run = functools.partial(_check, shape, block, ue8m0, convention, seed0 + i)
+                cases.append(Case(op, f"shape={shape} block={block} ue8m0={ue8m0} convention={convention}", seed0 + i,
+                                  run))
+            if block[1] == 1:
+                continue  # per-channel scales feed the K-grouped GEMMs, which take no prepared operands
             run = functools.partial(_check_prepared, shape, block, ue8m0, seed0 + i)
             cases.append(Case(op, f"prepare_for=fp8_gemm_nt shape={shape} block={block} ue8m0={ue8m0}", seed0 + i,
                               run))
@@ -81,3 +96,8 @@ def per_token_cases(quick: bool) -> list[Case]:
 @conformance_cases("per_block_cast_to_fp8")
 def per_block_cases(quick: bool) -> list[Case]:
     return _cases("per_block_cast_to_fp8", lambda s: (128, 128), quick, 3100)
+
+
+@conformance_cases("per_channel_cast_to_fp8")
+def per_channel_cases(quick: bool) -> list[Case]:
+    return _cases("per_channel_cast_to_fp8", lambda s: (128, 1), quick, 3200)

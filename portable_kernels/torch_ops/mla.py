@@ -69,13 +69,15 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
 def _decode_impl(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_tensors, meta_num_splits,
                  meta_backend, meta_batch_size, meta_num_q_tokens_per_head_k, meta_num_heads_k, meta_num_heads_q,
                  meta_is_fp8_kvcache, meta_topk, pass_num_splits, softmax_scale, causal, is_fp8_kvcache, indices, out,
-                 lse):
+                 lse, attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
+                 extra_topk_length=None):
     meta = MlaMetadata(meta_backend, meta_batch_size, meta_num_q_tokens_per_head_k, meta_num_heads_k,
                        meta_num_heads_q, meta_is_fp8_kvcache, meta_topk, tuple(tile_scheduler_tensors),
                        meta_num_splits)
     mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, meta,
                                meta_num_splits if pass_num_splits else None, softmax_scale, causal, is_fp8_kvcache,
-                               indices, out=out, lse=lse)
+                               indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
+                               extra_topk_length, out=out, lse=lse)
 
 
 def _decode_fake(*args):
@@ -86,13 +88,18 @@ define("flash_mla_with_kvcache(Tensor q, Tensor k_cache, Tensor? block_table, Te
        "Tensor[] tile_scheduler_tensors, Tensor? meta_num_splits, str meta_backend, SymInt meta_batch_size, "
        "int meta_num_q_tokens_per_head_k, int meta_num_heads_k, int? meta_num_heads_q, bool meta_is_fp8_kvcache, "
        "int? meta_topk, bool pass_num_splits, float? softmax_scale, bool causal, bool is_fp8_kvcache, "
-       "Tensor? indices, Tensor(o!) out, Tensor(l!) lse) -> ()", _decode_impl, _decode_fake)
+       "Tensor? indices, Tensor(o!) out, Tensor(l!) lse, Tensor? attn_sink=None, Tensor? extra_k_cache=None, "
+       "Tensor? extra_indices_in_kvcache=None, Tensor? topk_length=None, Tensor? extra_topk_length=None) -> ()",
+       _decode_impl, _decode_fake)
 
 
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor | None,
                            cache_seqlens: torch.Tensor | None, head_dim_v: int, tile_scheduler_metadata: Any,
                            num_splits: torch.Tensor | None = None, softmax_scale: float | None = None,
                            causal: bool = False, is_fp8_kvcache: bool = False, indices: torch.Tensor | None = None,
+                           attn_sink: torch.Tensor | None = None, extra_k_cache: torch.Tensor | None = None,
+                           extra_indices_in_kvcache: torch.Tensor | None = None,
+                           topk_length: torch.Tensor | None = None, extra_topk_length: torch.Tensor | None = None,
                            *, out: torch.Tensor | None = None,
                            lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     name = mla.FLASH_MLA_WITH_KVCACHE.name
@@ -106,13 +113,14 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                                            "pass q as bf16 [b, s_q, h_q, 576] (or 512)"))
     b, s_q, h_q, _ = q.shape
     if out is None:
-        out = torch.empty((b, s_q, h_q, mla.HEAD_DIM_V), dtype=mla.OUT_DTYPE, device=q.device)
+        out = torch.empty((b, s_q, h_q, mla.HEAD_DIM_V), dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty((b, h_q, s_q), dtype=mla.LSE_DTYPE, device=q.device)
     op("flash_mla_with_kvcache")(q, k_cache, block_table, cache_seqlens, head_dim_v, list(meta.tensors),
                                  meta.num_splits, meta.backend, meta.batch_size, meta.num_q_tokens_per_head_k,
                                  meta.num_heads_k, meta.num_heads_q, meta.is_fp8_kvcache, meta.topk,
-                                 num_splits is not None, softmax_scale, causal, is_fp8_kvcache, indices, out, lse)
+                                 num_splits is not None, softmax_scale, causal, is_fp8_kvcache, indices, out, lse,
+                                 attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length)
     return out, lse
 
 

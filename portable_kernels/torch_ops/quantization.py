@@ -77,77 +77,113 @@ def _rebuilt(contract: OpContract, x: torch.Tensor, prepare_for: Any, arg: str, 
                       signature=("prepared", backend, fmt.name, params, element, data.dtype, data.device))
 
 
-def _kwargs(prepare_for: str, arg: str) -> dict[str, Any]:
-    return {"prepare_for": prepare_for or None, "arg": arg}
+def _kwargs(prepare_for: str, arg: str, convention: str | None = None) -> dict[str, Any]:
+    kwargs = {"prepare_for": prepare_for or None, "arg": arg}
+    return kwargs if convention is None else {**kwargs, "convention": convention}
 
 
 # -- per_token_cast_to_fp8 / per_block_cast_to_fp8 ------------------------------------------------
 
-def _per_token_impl(x, gran_k, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params):
-    value = quantization.per_token_cast_to_fp8(x, gran_k, use_ue8m0, **_kwargs(prepare_for, arg))
+def _per_token_impl(x, gran_k, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params,
+                    convention="portable"):
+    value = quantization.per_token_cast_to_fp8(x, gran_k, use_ue8m0, **_kwargs(prepare_for, arg, convention))
     return _result("per_token_cast_to_fp8", value, prepare_for, (target_backend, target_format, *target_params))
 
 
-def _per_token_fake(x, gran_k, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params):
+def _per_token_fake(x, gran_k, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params,
+                    convention="portable"):
     return _fake_pair("per_token_cast_to_fp8", x, x.shape, FP8_DTYPE, tuple(x.shape), (1, gran_k), prepare_for, arg,
                       target_format)
 
 
-define(f"per_token_cast_to_fp8(Tensor x, int gran_k, bool use_ue8m0, {_TARGET}) -> (Tensor data, Tensor scale)",
+define(f"per_token_cast_to_fp8(Tensor x, int gran_k, bool use_ue8m0, {_TARGET}, str convention='portable') "
+       "-> (Tensor data, Tensor scale)",
        _per_token_impl, _per_token_fake)
 
 
 def per_token_cast_to_fp8(x: torch.Tensor, gran_k: int = 128, use_ue8m0: bool = False, *,
-                          prepare_for: Any = None, arg: str = "a") -> QuantTensor | PreparedTensor:
+                          prepare_for: Any = None, arg: str = "a",
+                          convention: str = "portable") -> QuantTensor | PreparedTensor:
     return _rebuilt(quantization.PER_TOKEN_CAST, x, prepare_for, arg,
-                    lambda *target: op("per_token_cast_to_fp8")(x, gran_k, use_ue8m0, *target),
+                    lambda *target: op("per_token_cast_to_fp8")(x, gran_k, use_ue8m0, *target, convention),
                     tuple(x.shape), (1, gran_k), use_ue8m0, "e4m3")
 
 
-def _per_block_impl(x, block, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params):
-    value = quantization.per_block_cast_to_fp8(x, tuple(block), use_ue8m0, **_kwargs(prepare_for, arg))
+def _per_block_impl(x, block, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params,
+                    convention="portable"):
+    value = quantization.per_block_cast_to_fp8(x, tuple(block), use_ue8m0, **_kwargs(prepare_for, arg, convention))
     return _result("per_block_cast_to_fp8", value, prepare_for, (target_backend, target_format, *target_params))
 
 
-def _per_block_fake(x, block, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params):
+def _per_block_fake(x, block, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params,
+                    convention="portable"):
     return _fake_pair("per_block_cast_to_fp8", x, x.shape, FP8_DTYPE, tuple(x.shape), tuple(block), prepare_for, arg,
                       target_format)
 
 
-define(f"per_block_cast_to_fp8(Tensor x, int[] block, bool use_ue8m0, {_TARGET}) -> (Tensor data, Tensor scale)",
+define(f"per_block_cast_to_fp8(Tensor x, int[] block, bool use_ue8m0, {_TARGET}, str convention='portable') "
+       "-> (Tensor data, Tensor scale)",
        _per_block_impl, _per_block_fake)
 
 
 def per_block_cast_to_fp8(x: torch.Tensor, block: tuple[int, int] = (128, 128), use_ue8m0: bool = False, *,
-                          prepare_for: Any = None, arg: str = "b") -> QuantTensor | PreparedTensor:
+                          prepare_for: Any = None, arg: str = "b",
+                          convention: str = "portable") -> QuantTensor | PreparedTensor:
     granularity = tuple(block)
     return _rebuilt(quantization.PER_BLOCK_CAST, x, prepare_for, arg,
-                    lambda *target: op("per_block_cast_to_fp8")(x, list(block), use_ue8m0, *target),
+                    lambda *target: op("per_block_cast_to_fp8")(x, list(block), use_ue8m0, *target, convention),
                     tuple(x.shape), granularity, use_ue8m0, "e4m3")
 
 
 # -- per_token_cast_to_fp4 ------------------------------------------------------------------------
 
-def _fp4_impl(x, gran_k, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params):
-    value = fp4.per_token_cast_to_fp4(x, gran_k, use_ue8m0, **_kwargs(prepare_for, arg))
+def _fp4_impl(x, gran_k, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params,
+              convention="portable"):
+    value = fp4.per_token_cast_to_fp4(x, gran_k, use_ue8m0, **_kwargs(prepare_for, arg, convention))
     return _result("per_token_cast_to_fp4", value, prepare_for, (target_backend, target_format, *target_params))
 
 
-def _fp4_fake(x, gran_k, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params):
+def _fp4_fake(x, gran_k, use_ue8m0, prepare_for, arg, target_backend, target_format, target_params,
+              convention="portable"):
     packed = (*x.shape[:-1], x.shape[-1] // 2)
     return _fake_pair("per_token_cast_to_fp4", x, packed, torch.uint8, tuple(x.shape), (1, gran_k), prepare_for, arg,
                       target_format)
 
 
-define(f"per_token_cast_to_fp4(Tensor x, int gran_k, bool use_ue8m0, {_TARGET}) -> (Tensor data, Tensor scale)",
+define(f"per_token_cast_to_fp4(Tensor x, int gran_k, bool use_ue8m0, {_TARGET}, str convention='portable') "
+       "-> (Tensor data, Tensor scale)",
        _fp4_impl, _fp4_fake)
 
 
 def per_token_cast_to_fp4(x: torch.Tensor, gran_k: int = 32, use_ue8m0: bool = True, *, prepare_for: Any = None,
-                          arg: str = "b") -> QuantTensor | PreparedTensor:
+                          arg: str = "b", convention: str = "portable") -> QuantTensor | PreparedTensor:
     return _rebuilt(fp4.PER_TOKEN_CAST_FP4, x, prepare_for, arg,
-                    lambda *target: op("per_token_cast_to_fp4")(x, gran_k, use_ue8m0, *target),
+                    lambda *target: op("per_token_cast_to_fp4")(x, gran_k, use_ue8m0, *target, convention),
                     tuple(x.shape), (1, gran_k), use_ue8m0, "e2m1")
+
+
+# -- per_channel_cast_to_fp8 (logical output only) ------------------------------------------------
+
+def _per_channel_impl(x, gran_k, use_ue8m0, convention):
+    value = quantization.per_channel_cast_to_fp8(x, gran_k, use_ue8m0, convention=convention)
+    return fresh((value.data, value.scale), x)
+
+
+def _per_channel_fake(x, gran_k, use_ue8m0, convention):
+    scale = (*x.shape[:-2], -(-x.shape[-2] // gran_k), x.shape[-1])
+    return torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device), x.new_empty(scale, dtype=torch.float32)
+
+
+define("per_channel_cast_to_fp8(Tensor x, int gran_k, bool use_ue8m0, str convention) -> (Tensor data, Tensor scale)",
+       _per_channel_impl, _per_channel_fake)
+
+
+def per_channel_cast_to_fp8(x: torch.Tensor, gran_k: int = 128, use_ue8m0: bool = False, *,
+                            convention: str = "portable") -> QuantTensor:
+    data, scale = op("per_channel_cast_to_fp8")(x, gran_k, use_ue8m0, convention)
+    granularity = (gran_k, 1)
+    return frozen_new(QuantTensor, data=data, scale=scale, granularity=granularity, ue8m0=use_ue8m0, element="e4m3",
+                      signature=("quant", granularity, use_ue8m0, "e4m3", data.device))
 
 
 # -- swiglu_forward_and_per_token_cast ------------------------------------------------------------
@@ -218,6 +254,7 @@ def block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], round_sf:
 
 
 ROUTES.update(block_cast=block_cast, per_token_cast_to_fp8=per_token_cast_to_fp8,
+              per_channel_cast_to_fp8=per_channel_cast_to_fp8,
               per_block_cast_to_fp8=per_block_cast_to_fp8,
               per_token_cast_to_fp4=per_token_cast_to_fp4,
               swiglu_forward_and_per_token_cast=swiglu_forward_and_per_token_cast)

@@ -147,6 +147,19 @@ def _available(call) -> list[str]:
     return [] if LIB.get() is not None else [f"native casts unavailable: {LIB.reason()}"]
 
 
+def _fp8_convention(call) -> list[str]:
+    # x / sf and x * (1 / sf) agree exactly when sf is a power of two; otherwise only the division is here
+    if call.convention == "portable" or call.use_ue8m0:
+        return []
+    return [f"convention {call.convention!r} without UE8M0 scales: the C++ casts divide by the scale"]
+
+
+def _fp4_convention(call) -> list[str]:
+    if call.convention == "portable":
+        return []
+    return [f"convention {call.convention!r}: the C++ FP4 cast rounds ties to even and keeps the sign of zero"]
+
+
 def register(registry) -> None:
     from portable_kernels.formats import PLAIN
     from portable_kernels.fp4 import PER_TOKEN_CAST_FP4, SWIGLU_CAST
@@ -156,10 +169,10 @@ def register(registry) -> None:
     doc = "C++ (deepjit): one pass, amax and quantize per block while it is in cache"
     for contract in (PER_TOKEN_CAST, PER_BLOCK_CAST):
         registry.kernel(contract.name, BACKEND, NATIVE, priority=10, formats=plain, dtypes=dtypes, devices=("cpu",),
-                        check=_available, doc=doc)(
+                        check=lambda call: _available(call) + _fp8_convention(call), doc=doc)(
             lambda call, op=contract.name: cast_fp8(call.x, call.granularity, call.use_ue8m0, op))
     registry.kernel(PER_TOKEN_CAST_FP4.name, BACKEND, NATIVE, priority=10, formats=plain, dtypes=dtypes,
-                    devices=("cpu",), check=lambda call: _available(call) + (
+                    devices=("cpu",), check=lambda call: _available(call) + _fp4_convention(call) + (
                         [] if call.granularity[0] == 1 else ["FP4 casts are per row (gran_mn 1)"]),
                     shape_class=lambda call: call.granularity[0] == 1, doc=doc)(
         lambda call: cast_fp4(call.x, call.granularity[1], call.use_ue8m0))

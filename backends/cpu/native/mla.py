@@ -149,5 +149,6 @@ def register(registry) -> None:
                     doc="split plan: each sequence's keys cut so every thread gets about two tasks")(metadata_native)
     register_provider_fake(GET_MLA_METADATA.name, BACKEND, NATIVE, metadata_fake)
     registry.kernel(FLASH_MLA_WITH_KVCACHE.name, BACKEND, NATIVE, priority=10, devices=("cpu",), check=_decline,
+                    dtypes={"q": (torch.bfloat16,)},  # fp16 q (allowed by the contract) is the reference's
                     doc="C++ (deepjit, AMX): 64-key chunks, online softmax, split over the sequence, lse merge"
                     )(decode_native)

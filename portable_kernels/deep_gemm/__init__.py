@@ -1,0 +1,19 @@
+"""`portable_kernels.deep_gemm`: DeepGEMM's public names with DeepGEMM's signatures, over the semantic ops.
+
+Porting is one import: `import portable_kernels.deep_gemm as deep_gemm`. The GEMMs, casts and layout
+utilities keep DeepGEMM's argument order, keywords, defaults, return types and dtypes (packed FP4
+is int8; casts return plain tuples; their bytes are DeepGEMM's: x * (1/sf), FP4 ties toward zero).
+Every function calls portable_kernels' ops, so the same call runs on any backend. What differs or
+is left out, and why: docs/porting.md.
+"""
+
+from . import layout, testing, utils
+from .gemm import *  # noqa: F401,F403
+from .gemm import __all__ as _gemm_names
+from .grouped import *  # noqa: F401,F403
+from .grouped import __all__ as _grouped_names
+from .runtime import get_num_sms, set_num_sms
+from .utils import *  # noqa: F401,F403
+from .utils import __all__ as _utils_names
+
+__all__ = [*_gemm_names, *_grouped_names, *_utils_names, "get_num_sms", "set_num_sms", "layout", "testing", "utils"]
