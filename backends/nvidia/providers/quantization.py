@@ -32,12 +32,17 @@ def _fp8_reasons(call: CastInputs) -> list[str]:
         out.append(f"block {call.granularity}: each edge must be at most {MAX_BLOCK}")
     if call.out_format is SM100 and not call.use_ue8m0:
         out.append("SM100 scales are exponents only: quantize with use_ue8m0=True")
+    # x / sf and x * (1 / sf) agree exactly only when sf is a power of two; the kernels divide
+    if call.convention != "portable" and not call.use_ue8m0:
+        out.append(f"convention {call.convention!r} without UE8M0 scales: the Triton cast divides by the scale")
     return out
 
 
 def _fp4_reasons(call: CastInputs) -> list[str]:
     gk = call.granularity[1]
     out = _fp8_reasons(call)
+    if call.convention != "portable":
+        out.append(f"convention {call.convention!r}: the Triton FP4 cast rounds ties to even and keeps the sign of zero")
     if gk % 2:
         out.append(f"gran_k {gk} must be even (two codes per byte)")
     return out
