@@ -55,6 +55,19 @@ def test_fp8_cast_saturates_and_handles_tiny_blocks():
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sf, want_sf)
 
 
+@pytest.mark.parametrize("gran", [(1, 128), (128, 128)], ids=str)
+def test_fp8_cast_multiplying_by_the_inverse_is_deep_gemms_rounding(gran):
+    # non-power-of-two scales, where x / sf and x * (1 / sf) differ at a few rounding ties
+    x = randn(512, 1024, seed=11, scale=7.0, dtype=torch.bfloat16)
+    q, sf = cast_fp8.cast_to_fp8(x, gran, False, "plain", multiply_by_inverse=True)
+    want_q, want_sf = quantize_blocks_reference(x, gran[0], gran[1], False, convention="deep_gemm")
+    portable_q, _ = quantize_blocks_reference(x, gran[0], gran[1], False)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sf, want_sf)
+    assert not torch.equal(want_q.view(torch.uint8), portable_q.view(torch.uint8))  # the input tells them apart
+    with pytest.raises(ContractError, match="multiply_by_inverse"):
+        cast_fp8.cast_to_fp8(x, gran, False, "plain", multiply_by_inverse="yes")
+
+
 def test_fp8_cast_empty_and_refusals():
     q, sf = cast_fp8.cast_to_fp8(torch.empty(0, 256), (1, 128), True, "sm100")
     assert q.shape == (0, 256) and sf.shape == (0, 1)

@@ -2,7 +2,8 @@
 
 One program quantizes one K-block of BLOCK_R rows (per token: gran_mn = 1) or one whole
 gran_mn x gran_k block (per block): amax clamped to >= 1e-4, sf = amax / 448 (rounded up to a
-power of two with use_ue8m0), q = clamp(x / sf, ±448) as e4m3, round to nearest even. Divisions
+power of two with use_ue8m0), q = clamp(x / sf, ±448) as e4m3, round to nearest even; with
+multiply_by_inverse (the "deep_gemm" convention) q = clamp(x * (1 / sf), ±448) instead. Divisions
 are IEEE-exact (div_rn), so scales and codes equal the contract's torch reference bit for bit.
 Scales go straight into the requested storage (_scale_out): plain, sm90 or sm100.
 """
@@ -33,7 +34,7 @@ def cast_fp8_kernel(x_ptr, q_ptr, sf_ptr, ROWS, K, stride_xg, stride_xr, stride_
                     sf_stride_g, sf_stride_row, sf_stride_k, GRAN_MN: tl.constexpr, GRAN_K: tl.constexpr,
                     ROWS_PER_PROGRAM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                     UE8M0: tl.constexpr, SF_KIND: tl.constexpr, AMAX_FLOOR: tl.constexpr, FP8_MAX: tl.constexpr,
-                    INTERPRET: tl.constexpr):
+                    MUL_INV: tl.constexpr, INTERPRET: tl.constexpr):
     pid_r = tl.program_id(0)
     kb = tl.program_id(1)
     group = tl.program_id(2)
@@ -51,7 +52,11 @@ def cast_fp8_kernel(x_ptr, q_ptr, sf_ptr, ROWS, K, stride_xg, stride_xr, stride_
         nonfinite = tl.zeros_like(nonfinite) + tl.max(nonfinite, axis=0)
     amax = tl.where(has_nan > 0, float("nan"), amax)
     sf = block_scale(amax, nonfinite, AMAX_FLOOR, FP8_MAX, UE8M0)
-    q = tl.clamp(tl.math.div_rn(x, sf[:, None]), -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    if MUL_INV:  # x * (1 / sf): the reciprocal rounded once, then the product rounded once
+        scaled = x * tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf)[:, None]
+    else:
+        scaled = tl.math.div_rn(x, sf[:, None])
+    q = tl.clamp(scaled, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
     tl.store(q_ptr + group.to(tl.int64) * stride_qg + rows[:, None].to(tl.int64) * stride_qr + cols[None, :],
              e4m3_codes(q, INTERPRET), mask=mask)
     store_scales(sf_ptr + group.to(tl.int64) * sf_stride_g, sf, rows, row_mask, kb, sf_stride_row, sf_stride_k,
@@ -68,10 +73,11 @@ def check_form(op: str, form: str, use_ue8m0: bool) -> None:
 
 @serialized
 def cast_to_fp8(x: torch.Tensor, granularity: tuple[int, int], use_ue8m0: bool,
-                scale_form: ScaleForm = "plain") -> tuple[torch.Tensor, torch.Tensor]:
+                scale_form: ScaleForm = "plain", multiply_by_inverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x bf16/fp16/fp32 [(G,) MN, K] -> (e4m3 [(G,) MN, K], scales in `scale_form`).
 
     granularity (gran_mn, gran_k): (1, gk) per token or (gm, gk) per block, each at most 128.
+    multiply_by_inverse: q = x * (1 / sf) (DeepGEMM's rounding) instead of x / sf.
     """
     gm, gk = granularity
     op = OPS[gm == 1]
@@ -82,6 +88,8 @@ def cast_to_fp8(x: torch.Tensor, granularity: tuple[int, int], use_ue8m0: bool,
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BLOCK:
             _checks.fail(op, arg, repr(value), f"an int in [1, {MAX_BLOCK}]", "use 128 (the DeepGEMM recipe)")
     check_form(op, scale_form, use_ue8m0)
+    if not isinstance(multiply_by_inverse, bool):
+        _checks.fail(op, "multiply_by_inverse", repr(multiply_by_inverse), "a bool", "pass True or False")
     _checks.inner_contiguous(op, "x", x)
     lead, (rows, k) = tuple(x.shape[:-2]), x.shape[-2:]
     k_blocks = -(-k // gk)
@@ -98,5 +106,5 @@ def cast_to_fp8(x: torch.Tensor, granularity: tuple[int, int], use_ue8m0: bool,
                           GRAN_MN=gm, GRAN_K=gk, ROWS_PER_PROGRAM=per_program,
                           BLOCK_R=triton.next_power_of_2(per_program), BLOCK_K=triton.next_power_of_2(gk),
                           UE8M0=use_ue8m0, SF_KIND=out.kind, AMAX_FLOOR=SCALE_AMAX_FLOOR, FP8_MAX=FP8_E4M3_MAX,
-                          INTERPRET=INTERPRET)
+                          MUL_INV=multiply_by_inverse, INTERPRET=INTERPRET)
     return q, out.result

@@ -32,16 +32,13 @@ def _fp8_reasons(call: CastInputs) -> list[str]:
         out.append(f"block {call.granularity}: each edge must be at most {MAX_BLOCK}")
     if call.out_format is SM100 and not call.use_ue8m0:
         out.append("SM100 scales are exponents only: quantize with use_ue8m0=True")
-    # x / sf and x * (1 / sf) agree exactly only when sf is a power of two; the kernels divide
-    if call.convention != "portable" and not call.use_ue8m0:
-        out.append(f"convention {call.convention!r} without UE8M0 scales: the Triton cast divides by the scale")
     return out
 
 
 def _fp4_reasons(call: CastInputs) -> list[str]:
     gk = call.granularity[1]
     out = _fp8_reasons(call)
-    if call.convention != "portable":
+    if call.convention != "portable":  # DeepGEMM's FP4 rounding (ties toward zero, +0) is not in the kernel
         out.append(f"convention {call.convention!r}: the Triton FP4 cast rounds ties to even and keeps the sign of zero")
     if gk % 2:
         out.append(f"gran_k {gk} must be even (two codes per byte)")
@@ -63,7 +60,8 @@ def _refuse_unscalable(op: str, use_ue8m0: bool, scale: torch.Tensor) -> None:
 
 def _fp8_cast(call: CastInputs) -> Any:
     data, scale = kernel("cast_fp8").cast_to_fp8(call.x, tuple(call.granularity), call.use_ue8m0,
-                                                 SCALE_FORM[call.out_format])
+                                                 SCALE_FORM[call.out_format],
+                                                 multiply_by_inverse=call.convention == "deep_gemm")
     _refuse_unscalable(PER_TOKEN_CAST.name if call.granularity[0] == 1 else PER_BLOCK_CAST.name, call.use_ue8m0,
                        scale)
     return data, scale
