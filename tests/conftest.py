@@ -1,4 +1,5 @@
-"""Shared fixtures: an in-process emulation backend with an exponent-only layout ("testexp")."""
+"""Shared fixtures: an in-process emulation backend with an exponent-only layout ("testexp"), and
+quick conformance reports computed once per session (several test modules inspect the same run)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,19 @@ def exp_backend() -> str:
 def _fresh_conversion_counter():
     pk.reset_implicit_conversions()
     yield
+
+
+_REPORTS: dict = {}
+
+
+@pytest.fixture(scope="session")
+def conformance_report():
+    """`get(backend, **options)`: the quick run_conformance of a backend, computed once per session."""
+    from portable_kernels.testing import run_conformance
+
+    def get(backend: str, **options):
+        key = (backend, tuple(sorted(options.items())))
+        if key not in _REPORTS:
+            _REPORTS[key] = run_conformance(backend=backend, quick=True, **options)
+        return _REPORTS[key]
+    return get

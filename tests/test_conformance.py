@@ -5,16 +5,15 @@ from __future__ import annotations
 import pytest
 
 import portable_kernels as pk
-from portable_kernels.testing import run_conformance
 from portable_kernels.testing.core import covered_ops
 
 IN_TREE = [("cpu", {}), ("nvidia", {"arch": "sm90"}), ("nvidia", {"arch": "sm100"}), ("ascend", {})]
 
 
 @pytest.fixture(scope="module", params=IN_TREE, ids=lambda p: p[0] + ("-" + p[1]["arch"] if p[1] else ""))
-def report(request):
+def report(request, conformance_report):
     name, options = request.param
-    return run_conformance(backend=name, quick=True, **options)
+    return conformance_report(name, **options)
 
 
 def test_no_case_fails(report):

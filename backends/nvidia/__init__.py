@@ -5,11 +5,16 @@ It stores quantized operands in the Format of the GPU architecture — `SM90` or
 option (`use_backend("nvidia", arch="sm100")`, `prepare_inputs(..., arch=...)`). For every op it
 registers the "layout-reference" oracle, which decodes those bytes and runs the contract math: a
 correctness tool, not a performance path; real kernels (Triton, cuBLASLt, DeepGEMM delegation)
-register at higher priority. On CPU tensors the backend runs in emulation when chosen explicitly.
+register at higher priority (providers/, one module per op family: the Triton kernels of kernels/,
+the vendor calls of vendor/). On CPU tensors the backend runs in emulation when chosen explicitly;
+its Triton kernels then run in Triton's interpreter when TRITON_INTERPRET=1 was set before the
+first kernel call (see kernels/runtime.py), else the layout oracle answers.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any, Mapping
 
 import torch
@@ -65,3 +70,16 @@ def register(registry: Registry) -> None:
     backend = NvidiaBackend()
     registry.add_backend(backend)
     register_oracles(registry, backend)
+    try:  # prepare_inputs on cuda tensors encodes SM90/SM100 scales with the CUDA C++ encoders
+        from .cuda import register_encoders
+        register_encoders()
+    except Exception as exc:
+        registry.record_broken(f"{NAME}.cuda_encoders", exc)
+    from . import providers
+    for info in sorted(pkgutil.iter_modules(providers.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        try:  # one broken family must not take the other families' providers with it
+            importlib.import_module(f"{providers.__name__}.{info.name}").register(registry)
+        except Exception as exc:
+            registry.record_broken(f"{NAME}.{info.name}", exc)

@@ -204,10 +204,28 @@ ENCODERS: dict[str, Callable[[Any], Encoded]] = {
 }
 
 
+#: (device type, Format name) -> an encoder for operands on that device, registered by a backend
+#: plugin (e.g. the nvidia backend's CUDA C++ encoders); it returns None to hand over to the
+#: Format's own encode (an operand it does not handle, or its native code unavailable)
+DEVICE_ENCODERS: dict[tuple[str, str], Callable[[Any], Encoded | None]] = {}
+
+
+def register_device_encoder(device_type: str, format_name: str, encode: Callable[[Any], Encoded | None]) -> None:
+    """Let prepare_inputs encode `format_name` operands on `device_type` tensors with `encode` (which
+    must return the Format's own bytes, or None). A backend calls this from its register()."""
+    DEVICE_ENCODERS[(device_type, format_name)] = encode
+
+
 def accelerated_encode(fmt: Any, operand: Any) -> Encoded | None:
-    """The native Encoded of `operand` in `fmt`, or None (no native encoder for it, native code off,
-    or a non-CPU operand): then the Format's own encode runs."""
-    encode = ENCODERS.get(getattr(fmt, "name", ""))
-    if encode is None or operand.data.device.type != "cpu" or LIB.get() is None:
+    """The native Encoded of `operand` in `fmt`, or None (no native encoder for it, native code off):
+    then the Format's own encode runs. CPU operands use this package's C++ encoders; operands on
+    another device use what a backend registered for it (register_device_encoder)."""
+    name = getattr(fmt, "name", "")
+    device_type = operand.data.device.type
+    if device_type != "cpu":
+        encode = DEVICE_ENCODERS.get((device_type, name))
+        return None if encode is None else encode(operand)
+    encode = ENCODERS.get(name)
+    if encode is None or LIB.get() is None:
         return None
     return encode(operand)

@@ -1,0 +1,222 @@
+"""flash_mla_with_kvcache in Triton: split-KV MLA decode over the paged cache, following the
+schedule of mla_metadata.py, plus the combine kernel (mla_combine.py) for split batches.
+
+One program = one part of the schedule x one (KV head, query token, tile of BLOCK_H heads). It
+walks its batches' key tiles (BLOCK_N tokens, gathered per token through block_table, or through
+`indices` for sparse decode), with an online softmax in base 2, and writes either the final
+(out, lse) of a batch it covers alone or a partial (normalized out, lse) into the batch's slot.
+Caches: bf16 [blocks, page, h_kv, d] with d = 576 (512 latent + 64 RoPE) or 512; or the 656-byte
+FP8 cache (512 e4m3 latent, 4 fp32 scales, 64 bf16 RoPE), dequantized per tile in registers
+(e4m3 x power of two is exact in bf16). V = the 512 latent channels. P·V runs on bf16 operands:
+FlashMLA rounds P to bf16 (`split_p=False`), which on short sequences leaves errors above the
+contract's bounds; by default P is carried as two bf16 terms (hi + lo, about 16 bits), one more
+MMA per key tile. Masked keys: t >= s_k, the causal limit t > s_k - s_q + i, and sparse -1 (or
+out-of-range) indices; block_table entries are only read for visible tokens and are clamped to
+the cache, so no access leaves it. No visible key: out 0, lse +inf.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from portable_kernels.layouts.constants import KV_LATENT_DIM, KV_ROPE_DIM, KV_ROPE_OFFSET, KV_SCALE_TILE
+
+from . import _checks
+from ._common import INTERPRET, dot, serialized, to_bf16
+from .mla_combine import mla_combine
+from .mla_metadata import BLOCK_H, BLOCK_N, META_FIELDS
+
+OP = "flash_mla_with_kvcache"
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _load_keys(kv_ptr, base, ok, cols, rope_cols, FP8: tl.constexpr, HAS_ROPE: tl.constexpr,
+               ROPE_OFFSET: tl.constexpr, LATENT: tl.constexpr, SCALE_TILE: tl.constexpr, INTERPRET: tl.constexpr):
+    """(latent [BLOCK_N, 512], rope [BLOCK_N, 64]) of the tokens at element offsets `base` as bf16."""
+    if FP8:
+        raw = tl.load(kv_ptr + base[:, None] + cols[None, :], mask=ok[:, None], other=0)
+        scale_ptr = (kv_ptr + base[:, None] + LATENT + 4 * (cols[None, :] // SCALE_TILE)).to(
+            tl.pointer_type(tl.float32))
+        scale = tl.load(scale_ptr, mask=ok[:, None], other=0.0)
+        latent = to_bf16(raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale, INTERPRET)
+        rope_ptr = (kv_ptr + base[:, None] + ROPE_OFFSET + 2 * rope_cols[None, :]).to(tl.pointer_type(tl.bfloat16))
+        rope = tl.load(rope_ptr, mask=ok[:, None], other=0.0)
+    else:
+        latent = tl.load(kv_ptr + base[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
+        rope = latent
+        if HAS_ROPE:
+            rope = tl.load(kv_ptr + base[:, None] + LATENT + rope_cols[None, :], mask=ok[:, None], other=0.0)
+    return latent, rope
+
+
+@triton.jit
+def mla_decode_kernel(q_ptr, kv_ptr, table_ptr, seqlens_ptr, idx_ptr, meta_ptr, splits_ptr, out_ptr, lse_ptr,
+                      oacc_ptr, lacc_ptr, S_Q, G, TOPK, NUM_PAGES, PAGE, scale_log2,
+                      stride_qb, stride_qs, stride_qh, stride_kp, stride_kt, stride_kh, stride_tb, stride_ib,
+                      stride_is, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_as, stride_aq,
+                      stride_ah, stride_las, stride_laq,
+                      FP8: tl.constexpr, HAS_ROPE: tl.constexpr, SPARSE: tl.constexpr, CAUSAL: tl.constexpr,
+                      LATENT: tl.constexpr, ROPE: tl.constexpr, ROPE_OFFSET: tl.constexpr,
+                      SCALE_TILE: tl.constexpr, META_FIELDS: tl.constexpr, SPLIT_P: tl.constexpr,
+                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+    part = tl.program_id(0)
+    rest = tl.program_id(1)
+    head_tiles = tl.cdiv(G, BLOCK_H)
+    ht = rest % head_tiles
+    s = (rest // head_tiles) % S_Q
+    kvh = rest // (head_tiles * S_Q)
+    local = ht * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = local < G
+    heads = kvh * G + local
+    cols = tl.arange(0, LATENT)
+    rope_cols = tl.arange(0, ROPE)
+    meta = meta_ptr + part * META_FIELDS
+    begin_b = tl.load(meta)
+    begin_tile = tl.load(meta + 1)
+    end_b = tl.load(meta + 2)
+    end_tile = tl.load(meta + 3)
+    begin_slot = tl.load(meta + 4)
+    begin_touched = tl.load(meta + 5) != 0
+    end_touched = tl.load(meta + 6) != 0
+    for b in range(begin_b, end_b + 1):
+        if SPARSE:
+            length = TOPK
+        else:
+            length = tl.load(seqlens_ptr + b)
+        lo = tl.where(b == begin_b, begin_tile, 0)
+        hi = tl.where(b == end_b, end_tile, tl.cdiv(length, BLOCK_N))
+        touched = ((b > begin_b) & (b < end_b)) | ((b == begin_b) & begin_touched) \
+            | ((b == end_b) & (b != begin_b) & end_touched)
+        if touched:
+            q_row = q_ptr + b * stride_qb + s * stride_qs + heads[:, None] * stride_qh
+            q_lat = tl.load(q_row + cols[None, :], mask=hmask[:, None], other=0.0)
+            q_rope = q_lat
+            if HAS_ROPE:
+                q_rope = tl.load(q_row + LATENT + rope_cols[None, :], mask=hmask[:, None], other=0.0)
+            visible = length
+            if CAUSAL:
+                visible = tl.minimum(length, length - S_Q + s + 1)
+            m_i = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+            l_i = tl.zeros((BLOCK_H,), tl.float32)
+            acc = tl.zeros((BLOCK_H, LATENT), tl.float32)
+            for tile in range(lo, hi):
+                t = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+                if SPARSE:
+                    slot = tl.load(idx_ptr + b * stride_ib + s * stride_is + t, mask=t < TOPK, other=-1)
+                    ok = (slot >= 0) & (slot < NUM_PAGES * PAGE)
+                    page = tl.where(ok, slot // PAGE, 0)
+                    offset = tl.where(ok, slot % PAGE, 0)
+                else:
+                    ok = t < visible
+                    page = tl.load(table_ptr + b * stride_tb + t // PAGE, mask=ok, other=0)
+                    page = tl.minimum(tl.maximum(page, 0), NUM_PAGES - 1)
+                    offset = t % PAGE
+                base = page.to(tl.int64) * stride_kp + offset * stride_kt + kvh * stride_kh
+                k_lat, k_rope = _load_keys(kv_ptr, base, ok, cols, rope_cols, FP8, HAS_ROPE, ROPE_OFFSET, LATENT,
+                                           SCALE_TILE, INTERPRET)
+                scores = dot(q_lat, tl.trans(k_lat), tl.zeros((BLOCK_H, BLOCK_N), tl.float32), INTERPRET)
+                if HAS_ROPE:
+                    scores = dot(q_rope, tl.trans(k_rope), scores, INTERPRET)
+                scores = tl.where(ok[None, :], scores * scale_log2, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_use)
+                p = tl.exp2(scores - m_use[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                p_hi = to_bf16(p, INTERPRET)
+                acc = dot(p_hi, k_lat, acc * alpha[:, None], INTERPRET)
+                if SPLIT_P:  # the bf16 rounding error of P as a second bf16 term: ~16-bit P overall
+                    acc = dot(to_bf16(p - p_hi.to(tl.float32), INTERPRET), k_lat, acc, INTERPRET)
+                m_i = m_new
+            has_keys = l_i > 0.0
+            o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+            lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) / 1.4426950408889634,
+                           float("-inf"))
+            splits = tl.load(splits_ptr + b + 1) - tl.load(splits_ptr + b)
+            if splits == 1:
+                o_ptrs = out_ptr + b * stride_ob + s * stride_os + heads[:, None] * stride_oh
+                tl.store(o_ptrs + cols[None, :], to_bf16(o, INTERPRET), mask=hmask[:, None])
+                tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s,
+                         tl.where(has_keys, lse, float("inf")), mask=hmask)
+            else:
+                slot_b = tl.where(b == begin_b, begin_slot, tl.load(splits_ptr + b))
+                a_ptrs = oacc_ptr + slot_b * stride_as + s * stride_aq + heads[:, None] * stride_ah
+                tl.store(a_ptrs + cols[None, :], o, mask=hmask[:, None])
+                tl.store(lacc_ptr + slot_b * stride_las + s * stride_laq + heads, lse, mask=hmask)
+
+
+@serialized
+def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor | None,
+                           cache_seqlens: torch.Tensor | None, softmax_scale: float, causal: bool,
+                           is_fp8_kvcache: bool, indices: torch.Tensor | None, tile_scheduler_metadata: torch.Tensor,
+                           num_splits: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
+                           split_p: bool = True) -> None:
+    """Decode into out bf16 [b, s_q, h_q, 512] and lse fp32 [b, h_q, s_q] (see the module docstring).
+
+    The schedule (tile_scheduler_metadata, num_splits) must come from mla_metadata.get_mla_metadata
+    for this batch: dense decode over cache_seqlens, sparse over indices.shape[-1].
+    """
+    _checks.tensor(OP, "q", q, (torch.bfloat16,), (None, None, None, None))
+    b, s_q, h_q, d = q.shape
+    device = q.device
+    if d not in (KV_LATENT_DIM, KV_LATENT_DIM + KV_ROPE_DIM):
+        _checks.fail(OP, "q", f"of head dim {d}", "576 or 512", "pass MLA queries")
+    if is_fp8_kvcache:
+        _checks.tensor(OP, "k_cache", k_cache, (torch.uint8,), (None, None, 1, KV_ROPE_OFFSET + 2 * KV_ROPE_DIM),
+                       device)
+        if d != KV_LATENT_DIM + KV_ROPE_DIM:
+            _checks.fail(OP, "q", f"of head dim {d}", "576 with the FP8 cache", "pass 576-dim queries")
+    else:
+        _checks.tensor(OP, "k_cache", k_cache, (torch.bfloat16,), (None, None, None, d), device)
+    num_pages, page, h_kv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
+    if k_cache.stride(-1) != 1 or h_kv < 1 or h_q % h_kv or page < 1:
+        _checks.fail(OP, "k_cache", f"of shape {tuple(k_cache.shape)} strides {k_cache.stride()}",
+                     "contiguous channels, page >= 1, h_kv dividing h_q", "pass the paged cache")
+    sparse = indices is not None
+    if sparse:
+        _checks.tensor(OP, "indices", indices, (torch.int32,), (b, s_q, None), device)
+        _checks.inner_contiguous(OP, "indices", indices)
+        if causal or not is_fp8_kvcache or h_kv != 1:
+            _checks.fail(OP, "indices", "given here", "sparse decode: FP8 cache, h_kv = 1, causal=False",
+                         "pass indices only with the FP8 cache")
+    else:
+        _checks.tensor(OP, "block_table", block_table, (torch.int32,), (b, None), device)
+        _checks.tensor(OP, "cache_seqlens", cache_seqlens, (torch.int32,), (b,), device)
+        _checks.inner_contiguous(OP, "block_table", block_table)
+    _checks.tensor(OP, "tile_scheduler_metadata", tile_scheduler_metadata, (torch.int32,), (None, META_FIELDS),
+                   device)
+    _checks.tensor(OP, "num_splits", num_splits, (torch.int32,), (b + 1,), device)
+    _checks.tensor(OP, "out", out, (torch.bfloat16,), (b, s_q, h_q, KV_LATENT_DIM), device)
+    _checks.tensor(OP, "lse", lse, (torch.float32,), (b, h_q, s_q), device)
+    _checks.contiguous(OP, "out", out)
+    _checks.contiguous(OP, "lse", lse)
+    if out.numel() == 0:
+        return
+    parts = tile_scheduler_metadata.shape[0]
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    g = h_q // h_kv
+    # a batch is split at most once more per part boundary: b + parts slots bound every schedule
+    slots = b + parts
+    oacc = torch.empty(slots, s_q, h_q, KV_LATENT_DIM, dtype=torch.float32, device=device)
+    lacc = torch.empty(slots, s_q, h_q, dtype=torch.float32, device=device)
+    dummy = num_splits
+    table = block_table if block_table is not None else dummy[None]
+    seqlens = cache_seqlens if cache_seqlens is not None else dummy
+    idx = indices if sparse else dummy[None, None]
+    block_h = 16 if g <= 16 else BLOCK_H  # tl.dot needs 16 rows; small groups waste less
+    head_tiles = triton.cdiv(g, block_h)
+    grid = (parts, h_kv * s_q * head_tiles)
+    mla_decode_kernel[grid](
+        q, k_cache, table, seqlens, idx, tile_scheduler_metadata, num_splits, out, lse, oacc, lacc,
+        s_q, g, indices.shape[-1] if sparse else 0, num_pages, page, float(softmax_scale) * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), table.stride(0), idx.stride(0), idx.stride(1), out.stride(0), out.stride(1),
+        out.stride(2), lse.stride(0), lse.stride(1), oacc.stride(0), oacc.stride(1), oacc.stride(2),
+        lacc.stride(0), lacc.stride(1),
+        FP8=is_fp8_kvcache, HAS_ROPE=d > KV_LATENT_DIM, SPARSE=sparse, CAUSAL=causal, LATENT=KV_LATENT_DIM,
+        ROPE=KV_ROPE_DIM, ROPE_OFFSET=KV_ROPE_OFFSET, SCALE_TILE=KV_SCALE_TILE, META_FIELDS=META_FIELDS,
+        SPLIT_P=split_p, BLOCK_H=block_h, BLOCK_N=BLOCK_N, INTERPRET=INTERPRET, num_warps=8)
+    mla_combine(num_splits, oacc, lacc, out, lse)

@@ -1,0 +1,43 @@
+"""nvidia providers of MoE routing: Triton top2_sum_gate, expand_to_fused(_with_sf), reduce_fused."""
+
+from __future__ import annotations
+
+from portable_kernels.moe_routing import EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF, REDUCE_FUSED, TOP2_SUM_GATE
+from portable_kernels.registry import Registry
+
+from ._common import BACKEND, TRITON, TRITON_PRIORITY, kernel, triton_devices, triton_reasons
+
+
+def _gate(call):
+    return kernel("moe_gate").top2_sum_gate(call.logits, call.bias, call.num_topk, call.num_topk_groups,
+                                            call.num_groups, call.routed_scaling_factor, call.scoring_func,
+                                            call.normalize, call.mask, call.fixed_topk_idx, call.fix_routing_mask)
+
+
+def _expand(call) -> None:
+    kernel("moe_expand").expand_to_fused(call.x, call.x_sf, call.token_topk_to_pos, call.pos_to_expert, call.out,
+                                         call.out_sf)
+
+
+def _reduce(call) -> None:
+    kernel("moe_reduce").reduce_fused(call.x, call.x_sf, call.topk_weights, call.token_topk_to_pos, call.sf, call.fp8,
+                                      call.out)
+
+
+def _contiguous_rows(call) -> list[str]:
+    out = triton_reasons(call)
+    if call.x.dim() == 2 and call.x.shape[1] > 1 and call.x.stride(1) != 1:
+        out.append("x rows must be contiguous")
+    return out
+
+
+def register(registry: Registry) -> None:
+    registry.kernel(TOP2_SUM_GATE.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
+                    check=triton_reasons, doc="Triton, BLOCK_T tokens x all experts per program")(_gate)
+    for contract in (EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF):
+        registry.kernel(contract.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
+                        check=_contiguous_rows, shape_class=lambda call: call.x.stride(-1) == 1,
+                        doc="Triton, bit copies into the expert-major rows")(_expand)
+    registry.kernel(REDUCE_FUSED.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
+                    check=_contiguous_rows, shape_class=lambda call: call.x.stride(-1) == 1,
+                    doc="Triton, fp32 accumulation in slot order")(_reduce)
