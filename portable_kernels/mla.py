@@ -502,16 +502,19 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         raise ContractError(format_problem(op, "q", describe(q),
                                            f"a bf16 or fp16 [b, s_q, h_q, d] tensor with d in {QK_HEAD_DIMS}",
                                            "pass q as bf16 [b, s_q, h_q, 576] (or 512)"))
-    k_cache, extra_k_cache = _as_bytes(k_cache, is_fp8_kvcache), _as_bytes(extra_k_cache, True)
+    k_cache = _as_bytes(k_cache, is_fp8_kvcache)
     if softmax_scale is None:
         softmax_scale = q.shape[3] ** -0.5
-    extras = (attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length)
-    if indices is None or all(x is None for x in extras):
-        if indices is None:
-            _refuse_sparse_extras(op, extras)
+    no_extras = (attn_sink is None and extra_k_cache is None and extra_indices_in_kvcache is None
+                 and topk_length is None and extra_topk_length is None)  # the plain decode: no tuple, no loop
+    if no_extras or indices is None:
+        if not no_extras:
+            _refuse_sparse_extras(op, (attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
+                                       extra_topk_length))
         return _decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                        softmax_scale, causal, is_fp8_kvcache, indices, out, lse)
     from .mla_extras import sparse_decode_with_extras  # it builds on _decode (a module-level import would cycle)
+    extra_k_cache = _as_bytes(extra_k_cache, True)
     return sparse_decode_with_extras(q, k_cache, head_dim_v, tile_scheduler_metadata, num_splits, softmax_scale,
                                      is_fp8_kvcache, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache,
                                      topk_length, extra_topk_length, block_table, cache_seqlens, causal, out, lse)
