@@ -4,8 +4,10 @@
 — formats, dtypes, devices and flags, never sizes — in a plan cache. A miss builds the plan: the
 backend by the selection rule, a check of every prepared operand's Format, the conversions of
 unprepared ones (counted on every call), and the provider: the first by priority with no reason
-to decline, decided once; providers with limits or a shape class add their shape key to a
-second, per-plan cache. The hot path is two dictionary lookups and the provider call.
+to decline, decided once. Providers with limits or a shape class are asked per shape class
+instead: a call walks them in priority order, computing only their shape keys up to the first
+that accepts (each verdict cached in the plan). The hot path is two dictionary lookups and the
+provider call.
 The cache is dropped whenever the registry changes (a plugin registers a provider).
 """
 
@@ -19,7 +21,7 @@ import attrs
 from .contract import OpContract
 from .errors import NoKernelError
 from .prepare import to_backend
-from .providers import Inputs, Provider, first_accepting
+from .providers import Inputs, Provider
 from .registry import _REGISTRY, Selection, _forced, common_device, registry, select_backend
 from .tensors import PreparedTensor, QuantTensor
 
@@ -40,10 +42,14 @@ class Plan:
     contract: OpContract
     selection: Selection
     convert: Callable[[Any], Any] | None
+    #: the providers a call may still need to ask, in priority order: shape-dependent ones, ending
+    #: with at most one that accepts every call of this signature
     candidates: tuple[Provider, ...]
     provider: Provider | None = None
+    #: reasons of the providers that decline every call of this signature (shown in NoKernelError)
     reasons: dict[str, list[str]] | None = None
-    by_shape: dict[tuple, Provider | dict[str, list[str]]] = attrs.field(factory=dict)
+    #: (candidate index, shape key) -> that candidate's reasons for the shape class ([]: accepts)
+    verdicts: dict[tuple, list[str]] = attrs.field(factory=dict)
 
     @property
     def backend(self) -> str:
@@ -53,15 +59,16 @@ class Plan:
         """The provider for these (already converted) inputs; NoKernelError with every reason if none."""
         if self.provider is not None:
             return self.provider
-        if self.reasons is not None:
-            raise NoKernelError(self.contract.name, self.backend, self.reasons)
-        key = tuple(p.shape_key(inputs) for p in self.candidates if p.shape_dependent)
-        chosen = self.by_shape.get(key)
-        if chosen is None:
-            chosen = self.by_shape[key] = first_accepting(self.candidates, inputs)
-        if isinstance(chosen, dict):
-            raise NoKernelError(self.contract.name, self.backend, chosen)
-        return chosen
+        declined = dict(self.reasons or {})
+        for index, provider in enumerate(self.candidates):
+            key = (index, provider.shape_key(inputs)) if provider.shape_dependent else (index,)
+            verdict = self.verdicts.get(key)
+            if verdict is None:
+                verdict = self.verdicts[key] = provider.not_supported_reasons(inputs)
+            if not verdict:
+                return provider
+            declined[provider.name] = verdict
+        raise NoKernelError(self.contract.name, self.backend, declined)
 
     def accepts(self, inputs: Any) -> bool:
         """Whether some provider runs these inputs (no exception, cached like a call)."""
@@ -139,14 +146,24 @@ def _make_plan(contract: OpContract, inputs: Inputs) -> Plan:
                 changes[arg] = to_backend(contract, arg, getattr(call, arg), selection, implicit=True)
             return call.replace(**changes)
     converted = inputs.replace(**probe) if probe else inputs
-    candidates = tuple(registry().providers(contract.name, selection.backend.name))
-    plan = Plan(contract, selection, convert, candidates)
-    if not any(p.shape_dependent for p in candidates):
-        chosen = first_accepting(candidates, converted)
-        if isinstance(chosen, dict):
-            plan.reasons = chosen
-        else:
-            plan.provider = chosen
+    # providers without limits or a shape class answer once for the whole signature: those that
+    # decline leave only their reasons, the first that accepts ends the list
+    candidates: list[Provider] = []
+    reasons: dict[str, list[str]] = {}
+    for provider in registry().providers(contract.name, selection.backend.name):
+        if provider.shape_dependent:
+            candidates.append(provider)
+            continue
+        declined = provider.not_supported_reasons(converted)
+        if not declined:
+            candidates.append(provider)
+            break
+        reasons[provider.name] = declined
+    plan = Plan(contract, selection, convert, tuple(candidates), reasons=reasons or None)
+    if candidates and not candidates[-1].shape_dependent:
+        plan.verdicts[(len(candidates) - 1,)] = []  # it accepted above
+        if len(candidates) == 1:
+            plan.provider = candidates[0]
     return plan
 
 

@@ -170,7 +170,7 @@ class PreparedTensor:
     ue8m0, element: as in the QuantTensor it came from
 
     `signature` (computed once) is what run-time selection keys on: backend, format, options,
-    element, data dtype and device.
+    element, data dtype and device, granularities and ue8m0 (a few values each, never sizes).
     Like a QuantTensor it behaves as the pair `(data, scale)` of its stored bytes (`p[0]`, `p[1]`,
     unpacking, `len(p) == 2`): for nvidia sm100 that is DeepGEMM's own packed int32 scale tensor.
     """
@@ -192,7 +192,8 @@ class PreparedTensor:
         # just produced the bytes uses `unchecked`)
         _check_prepared(self)
         object.__setattr__(self, "signature", ("prepared", self.backend, self.format.name, self.params, self.element,
-                                               self.data.dtype, self.data.device))
+                                               self.data.dtype, self.data.device, self.granularity,
+                                               self.storage_granularity, self.ue8m0))
 
     @classmethod
     def unchecked(cls, data: torch.Tensor, scale: torch.Tensor | None, format: Format, backend: str,
@@ -213,7 +214,8 @@ class PreparedTensor:
         s["ue8m0"](p, ue8m0)
         s["element"](p, element)
         s["params"](p, params)
-        s["signature"](p, ("prepared", backend, format.name, params, element, data.dtype, data.device))
+        s["signature"](p, ("prepared", backend, format.name, params, element, data.dtype, data.device, granularity,
+                           storage_granularity, ue8m0))
         return p
 
     def __iter__(self) -> Iterator[torch.Tensor | None]:

@@ -216,10 +216,6 @@ def _per_row_a(call) -> list[str]:
     return reasons
 
 
-def _granularities(call) -> tuple:
-    return tuple(tuple(t.storage_granularity) if isinstance(t, PreparedTensor) else None for t in (call.a, call.b))
-
-
 def _quant_parts(t: PreparedTensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
     return t.data, t.scale, tuple(t.storage_granularity)
 
@@ -318,7 +314,7 @@ def register(registry) -> None:
     plain = {"a": (PLAIN,), "b": (PLAIN,)}
     for contract in (FP8_GEMM_NT, FP8_FP4_GEMM_NT):
         registry.kernel(contract.name, BACKEND, NATIVE, priority=PRIORITY, formats=plain, dtypes=out,
-                        devices=("cpu",), check=_per_row_a, shape_class=_granularities, doc=DOC)(fp8_gemm_nt_native)
+                        devices=("cpu",), check=_per_row_a, doc=DOC)(fp8_gemm_nt_native)
     registry.kernel(BF16_GEMM_NT.name, BACKEND, "torch-blas", priority=PRIORITY + 10,
                     dtypes={"a": (torch.bfloat16,), "b": (torch.bfloat16,), "d": (torch.bfloat16,)}, devices=("cpu",),
                     check=lambda call: [] if call.c is None else ["c is given: torch.matmul cannot add an fp32 "
@@ -328,9 +324,9 @@ def register(registry) -> None:
                     check=lambda call: _unavailable(), doc=DOC)(bf16_gemm_nt_native)
     for contract in (M_GROUPED_FP8_CONTIGUOUS, M_GROUPED_BF16_CONTIGUOUS):
         registry.kernel(contract.name, BACKEND, NATIVE, priority=PRIORITY, formats=plain, dtypes=out,
-                        devices=("cpu",), check=_per_row_a, shape_class=_granularities,
+                        devices=("cpu",), check=_per_row_a,
                         doc=DOC)(m_grouped_contiguous_native)
     for contract in (M_GROUPED_FP8_MASKED, M_GROUPED_BF16_MASKED):
         registry.kernel(contract.name, BACKEND, NATIVE, priority=PRIORITY, formats=plain, dtypes=out,
-                        devices=("cpu",), check=_per_row_a, shape_class=_granularities,
+                        devices=("cpu",), check=_per_row_a,
                         doc=DOC)(m_grouped_masked_native)
