@@ -108,13 +108,13 @@ def register(registry: Registry) -> None:
     quantized = {"a": NVIDIA_FORMATS, "b": NVIDIA_FORMATS}
     out = {"d": OUT_DTYPES}
     registry.kernel(FP8_GEMM_NT.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=quantized, dtypes=out,
-                    devices=triton_devices(), check=_fp8_reasons, shape_class=_grans,
+                    devices=triton_devices(), check=_fp8_reasons,
                     doc="Triton, block-scaled fp8 reading SM90/SM100 scales in place")(_fp8_gemm)
     registry.kernel(BF16_GEMM_NT.name, BACKEND, TRITON, priority=TRITON_PRIORITY, dtypes=out,
                     devices=triton_devices(), check=triton_reasons,
                     doc="Triton, bf16 with fp32 accumulation")(_bf16_gemm)
     registry.kernel(FP8_FP4_GEMM_NT.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=quantized, dtypes=out,
-                    devices=triton_devices(), check=_fp4_reasons, shape_class=_grans,
+                    devices=triton_devices(), check=_fp4_reasons,
                     doc="Triton, E2M1 widened to e4m3 in registers")(_fp8_fp4_gemm)
     registry.kernel(FP8_GEMM_NT.name, BACKEND, "scaled_mm", priority=TORCH_VENDOR_PRIORITY,
                     formats={"a": (SM90,), "b": (SM90,)}, dtypes=out, devices=("cuda",),

@@ -21,10 +21,6 @@ MAX_BLOCK = 128
 OUT_FORMATS = (PLAIN, SM90, SM100)
 
 
-def _gran(call: CastInputs) -> Any:
-    return tuple(call.granularity)
-
-
 def _fp8_reasons(call: CastInputs) -> list[str]:
     gm, gk = call.granularity
     out = triton_reasons(call)
@@ -91,10 +87,10 @@ def register(registry: Registry) -> None:
     formats = {"out_format": OUT_FORMATS}
     for contract in (PER_TOKEN_CAST, PER_BLOCK_CAST):
         registry.kernel(contract.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=formats,
-                        devices=triton_devices(), check=_fp8_reasons, shape_class=_gran,
+                        devices=triton_devices(), check=_fp8_reasons,
                         doc="Triton, writes PLAIN/SM90/SM100 scales directly")(_fp8_cast)
     registry.kernel(PER_TOKEN_CAST_FP4.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=formats,
-                    devices=triton_devices(), check=_fp4_reasons, shape_class=_gran,
+                    devices=triton_devices(), check=_fp4_reasons,
                     doc="Triton, E2M1 ties to even, writes PLAIN/SM90/SM100 scales")(_fp4_cast)
     registry.kernel(SWIGLU_CAST.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=formats,
                     devices=triton_devices(), check=_swiglu_reasons,
