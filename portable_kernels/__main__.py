@@ -61,6 +61,10 @@ def _native_report() -> None:
     print(f"native host code (deepjit, knobs PK_JIT_*; PK_NATIVE=0 disables): built for {build.isa()} "
           f"(detected {level}{', ' + ', '.join(sorted(extras)) if extras else ''}), "
           f"flags {' '.join(build.compiler_flags())}, threads = torch.get_num_threads() = {build.num_threads()}")
+    from .native.openmp_wait import openmp_wait_note
+    note = openmp_wait_note(build.num_threads())
+    if note:
+        print(f"  {note}")
     for lib in build.libraries().values():
         print(f"  {lib.family} ({lib.owner}, {lib.source.name}): {lib.status()}")
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ..native.openmp_wait import WAIT_VARIABLES
+
 
 def cpu_model() -> str:
     """The CPU's model name (from /proc/cpuinfo on Linux, else platform's answer)."""
@@ -52,6 +54,9 @@ def machine() -> dict[str, Any]:
         "os": platform.platform(),
         "hostname": platform.node(),
         "accelerators": _accelerators(),
+        # OpenMP's waiting policy changes multi-thread times a lot on a crowded machine (see
+        # portable_kernels.native.openmp_wait); libgomp reads these once, at import torch
+        "openmp_wait": {name: os.environ.get(name) for name in WAIT_VARIABLES},
     }
 
 

@@ -69,7 +69,8 @@ def format_header(doc: dict[str, Any]) -> str:
             f"{load if load is None else '/'.join(map(str, load))} at start"
             + (f", {'/'.join(map(str, end))} at end" if end else "") +
             f"; torch {v['torch']}, portable_kernels {v['portable_kernels']} {commit}; {s['size']} set, "
-            f"{s['rounds']} rounds, threads {','.join(map(str, s['threads']))}")
+            f"{s['rounds']} rounds, threads {','.join(map(str, s['threads']))}"
+            + "".join(f", {k}={v}" for k, v in (m.get("openmp_wait") or {}).items() if v))
 
 
 def format_table(doc: dict[str, Any]) -> str:
