@@ -107,6 +107,10 @@ def mla_specimens(all_configs: bool):
     for split_p in (True, False):
         yield (f"mla dense bf16 split_p={split_p}", lambda: mla_decode.flash_mla_with_kvcache(
             q, bf16_cache, table, seqlens, 0.04, False, False, None, meta, splits, out, lse, split_p=split_p))
+    half_q, half_cache = q.half(), bf16_cache.half()
+    half_out = torch.empty(b, s_q, h_q, 512, dtype=torch.float16)
+    yield ("mla dense fp16", lambda: mla_decode.flash_mla_with_kvcache(
+        half_q, half_cache, table, seqlens, 0.04, False, False, None, meta, splits, half_out, lse))
     yield ("mla dense fp8 causal", lambda: mla_decode.flash_mla_with_kvcache(
         q, fp8_cache, table, seqlens, 0.04, True, True, None, meta, splits, out, lse))
     indices = torch.zeros(b, s_q, 2048, dtype=torch.int32)

@@ -80,6 +80,16 @@ def to_bf16(x, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def to_half(x, FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp16 (FP16) or bf16 of fp32 `x`, rounded to nearest even. The interpreter's fp16 cast is
+    numpy's, which already rounds to nearest even; only bf16 needs the software rounding."""
+    if FP16:
+        return x.to(tl.float16)
+    else:
+        return to_bf16(x, INTERPRET)
+
+
+@triton.jit
 def to_out(x, OUT_BF16: tl.constexpr, INTERPRET: tl.constexpr):
     """An fp32 result converted for a bf16 or fp32 output."""
     if OUT_BF16:

@@ -1,5 +1,5 @@
 """The combine step of split-KV MLA decode: merge the partial (out, lse) of every batch the
-schedule split over several parts into the final bf16 out and fp32 lse.
+schedule split over several parts into the final out (bf16 or fp16) and fp32 lse.
 
 out = Σ_i exp(lse_i - lse) · out_i with lse = log Σ_i exp(lse_i); partials of empty ranges carry
 lse -inf and weigh nothing; a row with no visible key anywhere gets out 0, lse +inf. Batches with
@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INTERPRET, serialized, to_bf16
+from ._common import INTERPRET, serialized, to_half
 
 #: query rows (heads) per combine program
 BLOCK_HC = 16
@@ -22,7 +22,7 @@ BLOCK_HC = 16
 def mla_combine_kernel(splits_ptr, oacc_ptr, lacc_ptr, out_ptr, lse_ptr, S_Q, H_Q,
                        stride_as, stride_aq, stride_ah, stride_las, stride_laq,
                        stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-                       LATENT: tl.constexpr, BLOCK_HC: tl.constexpr, INTERPRET: tl.constexpr):
+                       LATENT: tl.constexpr, BLOCK_HC: tl.constexpr, FP16: tl.constexpr, INTERPRET: tl.constexpr):
     b = tl.program_id(0)
     rest = tl.program_id(1)
     head_tiles = tl.cdiv(H_Q, BLOCK_HC)
@@ -53,7 +53,7 @@ def mla_combine_kernel(splits_ptr, oacc_ptr, lacc_ptr, out_ptr, lse_ptr, S_Q, H_
         o = acc / tl.where(any_keys, total, 1.0)[:, None]
         lse = tl.where(any_keys, shift + tl.log(tl.where(any_keys, total, 1.0)), float("inf"))
         o_ptrs = out_ptr + b * stride_ob + s * stride_os + heads[:, None] * stride_oh + cols[None, :]
-        tl.store(o_ptrs, to_bf16(o, INTERPRET), mask=hmask[:, None])
+        tl.store(o_ptrs, to_half(o, FP16, INTERPRET), mask=hmask[:, None])
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s, lse, mask=hmask)
 
 
@@ -66,4 +66,5 @@ def mla_combine(num_splits: torch.Tensor, oacc: torch.Tensor, lacc: torch.Tensor
     mla_combine_kernel[grid](num_splits, oacc, lacc, out, lse, s_q, h_q, oacc.stride(0), oacc.stride(1),
                              oacc.stride(2), lacc.stride(0), lacc.stride(1), out.stride(0), out.stride(1),
                              out.stride(2), lse.stride(0), lse.stride(1), LATENT=latent, BLOCK_HC=BLOCK_HC,
+                             FP16=out.dtype == torch.float16,
                              INTERPRET=INTERPRET, num_warps=4)

@@ -5,14 +5,15 @@ One program = one part of the schedule x one (KV head, query token, tile of BLOC
 walks its batches' key tiles (BLOCK_N tokens, gathered per token through block_table, or through
 `indices` for sparse decode), with an online softmax in base 2, and writes either the final
 (out, lse) of a batch it covers alone or a partial (normalized out, lse) into the batch's slot.
-Caches: bf16 [blocks, page, h_kv, d] with d = 576 (512 latent + 64 RoPE) or 512; or the 656-byte
-FP8 cache (512 e4m3 latent, 4 fp32 scales, 64 bf16 RoPE), dequantized per tile in registers
-(e4m3 x power of two is exact in bf16). V = the 512 latent channels. P·V runs on bf16 operands:
-FlashMLA rounds P to bf16 (`split_p=False`), which on short sequences leaves errors above the
-contract's bounds; by default P is carried as two bf16 terms (hi + lo, about 16 bits), one more
-MMA per key tile. Masked keys: t >= s_k, the causal limit t > s_k - s_q + i, and sparse -1 (or
-out-of-range) indices; block_table entries are only read for visible tokens and are clamped to
-the cache, so no access leaves it. No visible key: out 0, lse +inf.
+q, a dense cache and out share one dtype, bf16 or fp16 ("half" below).
+Caches: dense [blocks, page, h_kv, d] with d = 576 (512 latent + 64 RoPE) or 512; or (bf16 q only)
+the 656-byte FP8 cache (512 e4m3 latent, 4 fp32 scales, 64 bf16 RoPE), dequantized per tile in
+registers (e4m3 x power of two is exact in bf16). V = the 512 latent channels. P·V runs on half
+operands: FlashMLA rounds P to the half dtype (`split_p=False`), which with bf16 on short sequences
+leaves errors above the contract's bounds; by default P is carried as two half terms (hi + lo,
+about 16 bits with bf16), one more MMA per key tile. Masked keys: t >= s_k, the causal limit
+t > s_k - s_q + i, and sparse -1 (or out-of-range) indices; block_table entries are only read for
+visible tokens and are clamped to the cache, so no access leaves it. No visible key: out 0, lse +inf.
 """
 
 from __future__ import annotations
@@ -24,18 +25,21 @@ import triton.language as tl
 from portable_kernels.layouts.constants import KV_LATENT_DIM, KV_ROPE_DIM, KV_ROPE_OFFSET, KV_SCALE_TILE
 
 from . import _checks
-from ._common import INTERPRET, dot, serialized, to_bf16
+from ._common import INTERPRET, dot, serialized, to_bf16, to_half
 from .mla_combine import mla_combine
 from .mla_metadata import BLOCK_H, BLOCK_N, META_FIELDS
 
 OP = "flash_mla_with_kvcache"
+#: dtypes of q, a dense cache and out (one of them per call)
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _load_keys(kv_ptr, base, ok, cols, rope_cols, FP8: tl.constexpr, HAS_ROPE: tl.constexpr,
                ROPE_OFFSET: tl.constexpr, LATENT: tl.constexpr, SCALE_TILE: tl.constexpr, INTERPRET: tl.constexpr):
-    """(latent [BLOCK_N, 512], rope [BLOCK_N, 64]) of the tokens at element offsets `base` as bf16."""
+    """(latent [BLOCK_N, 512], rope [BLOCK_N, 64]) of the tokens at element offsets `base`: bf16 from
+    the FP8 cache, the cache's own dtype from a dense one."""
     if FP8:
         raw = tl.load(kv_ptr + base[:, None] + cols[None, :], mask=ok[:, None], other=0)
         scale_ptr = (kv_ptr + base[:, None] + LATENT + 4 * (cols[None, :] // SCALE_TILE)).to(
@@ -61,7 +65,7 @@ def mla_decode_kernel(q_ptr, kv_ptr, table_ptr, seqlens_ptr, idx_ptr, meta_ptr, 
                       FP8: tl.constexpr, HAS_ROPE: tl.constexpr, SPARSE: tl.constexpr, CAUSAL: tl.constexpr,
                       LATENT: tl.constexpr, ROPE: tl.constexpr, ROPE_OFFSET: tl.constexpr,
                       SCALE_TILE: tl.constexpr, META_FIELDS: tl.constexpr, SPLIT_P: tl.constexpr,
-                      BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+                      FP16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
     part = tl.program_id(0)
     rest = tl.program_id(1)
     head_tiles = tl.cdiv(G, BLOCK_H)
@@ -126,10 +130,10 @@ def mla_decode_kernel(q_ptr, kv_ptr, table_ptr, seqlens_ptr, idx_ptr, meta_ptr, 
                 alpha = tl.exp2(m_i - m_use)
                 p = tl.exp2(scores - m_use[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                p_hi = to_bf16(p, INTERPRET)
+                p_hi = to_half(p, FP16, INTERPRET)  # P in V's dtype (bf16 for the FP8 cache)
                 acc = dot(p_hi, k_lat, acc * alpha[:, None], INTERPRET)
-                if SPLIT_P:  # the bf16 rounding error of P as a second bf16 term: ~16-bit P overall
-                    acc = dot(to_bf16(p - p_hi.to(tl.float32), INTERPRET), k_lat, acc, INTERPRET)
+                if SPLIT_P:  # the rounding error of P as a second term: ~16-bit P overall with bf16
+                    acc = dot(to_half(p - p_hi.to(tl.float32), FP16, INTERPRET), k_lat, acc, INTERPRET)
                 m_i = m_new
             has_keys = l_i > 0.0
             o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -138,7 +142,7 @@ def mla_decode_kernel(q_ptr, kv_ptr, table_ptr, seqlens_ptr, idx_ptr, meta_ptr, 
             splits = tl.load(splits_ptr + b + 1) - tl.load(splits_ptr + b)
             if splits == 1:
                 o_ptrs = out_ptr + b * stride_ob + s * stride_os + heads[:, None] * stride_oh
-                tl.store(o_ptrs + cols[None, :], to_bf16(o, INTERPRET), mask=hmask[:, None])
+                tl.store(o_ptrs + cols[None, :], to_half(o, FP16, INTERPRET), mask=hmask[:, None])
                 tl.store(lse_ptr + b * stride_lb + heads * stride_lh + s,
                          tl.where(has_keys, lse, float("inf")), mask=hmask)
             else:
@@ -154,12 +158,14 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                            is_fp8_kvcache: bool, indices: torch.Tensor | None, tile_scheduler_metadata: torch.Tensor,
                            num_splits: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
                            split_p: bool = True) -> None:
-    """Decode into out bf16 [b, s_q, h_q, 512] and lse fp32 [b, h_q, s_q] (see the module docstring).
+    """Decode into out [b, s_q, h_q, 512] of q's dtype and lse fp32 [b, h_q, s_q] (see the module docstring).
+
+    q: bf16 or fp16 [b, s_q, h_q, d]; a dense k_cache has q's dtype, the FP8 cache (uint8) needs bf16 q.
 
     The schedule (tile_scheduler_metadata, num_splits) must come from mla_metadata.get_mla_metadata
     for this batch: dense decode over cache_seqlens, sparse over indices.shape[-1].
     """
-    _checks.tensor(OP, "q", q, (torch.bfloat16,), (None, None, None, None))
+    _checks.tensor(OP, "q", q, HALF_DTYPES, (None, None, None, None))
     b, s_q, h_q, d = q.shape
     device = q.device
     if d not in (KV_LATENT_DIM, KV_LATENT_DIM + KV_ROPE_DIM):
@@ -169,8 +175,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                        device)
         if d != KV_LATENT_DIM + KV_ROPE_DIM:
             _checks.fail(OP, "q", f"of head dim {d}", "576 with the FP8 cache", "pass 576-dim queries")
+        if q.dtype != torch.bfloat16:  # the cache's RoPE part and dequantized latent are bf16
+            _checks.fail(OP, "q", f"{q.dtype} with the FP8 cache", "bf16 q", "pass q.to(torch.bfloat16)")
     else:
-        _checks.tensor(OP, "k_cache", k_cache, (torch.bfloat16,), (None, None, None, d), device)
+        _checks.tensor(OP, "k_cache", k_cache, (q.dtype,), (None, None, None, d), device)
     num_pages, page, h_kv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
     if k_cache.stride(-1) != 1 or h_kv < 1 or h_q % h_kv or page < 1:
         _checks.fail(OP, "k_cache", f"of shape {tuple(k_cache.shape)} strides {k_cache.stride()}",
@@ -189,7 +197,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     _checks.tensor(OP, "tile_scheduler_metadata", tile_scheduler_metadata, (torch.int32,), (None, META_FIELDS),
                    device)
     _checks.tensor(OP, "num_splits", num_splits, (torch.int32,), (b + 1,), device)
-    _checks.tensor(OP, "out", out, (torch.bfloat16,), (b, s_q, h_q, KV_LATENT_DIM), device)
+    _checks.tensor(OP, "out", out, (q.dtype,), (b, s_q, h_q, KV_LATENT_DIM), device)
     _checks.tensor(OP, "lse", lse, (torch.float32,), (b, h_q, s_q), device)
     _checks.contiguous(OP, "out", out)
     _checks.contiguous(OP, "lse", lse)
@@ -218,5 +226,6 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         lacc.stride(0), lacc.stride(1),
         FP8=is_fp8_kvcache, HAS_ROPE=d > KV_LATENT_DIM, SPARSE=sparse, CAUSAL=causal, LATENT=KV_LATENT_DIM,
         ROPE=KV_ROPE_DIM, ROPE_OFFSET=KV_ROPE_OFFSET, SCALE_TILE=KV_SCALE_TILE, META_FIELDS=META_FIELDS,
-        SPLIT_P=split_p, BLOCK_H=block_h, BLOCK_N=BLOCK_N, INTERPRET=INTERPRET, num_warps=8)
+        SPLIT_P=split_p, FP16=q.dtype == torch.float16, BLOCK_H=block_h, BLOCK_N=BLOCK_N, INTERPRET=INTERPRET,
+        num_warps=8)
     mla_combine(num_splits, oacc, lacc, out, lse)

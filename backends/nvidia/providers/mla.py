@@ -62,8 +62,9 @@ def register(registry: Registry) -> None:
     registry.kernel(GET_MLA_METADATA.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
                     check=triton_reasons, doc="split-KV schedule on the device (torch ops, no host sync)")(_metadata)
     registry.kernel(FLASH_MLA_WITH_KVCACHE.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
-                    dtypes={"q": (torch.bfloat16,)},  # fp16 q (allowed by the contract) is the oracle's
-                    check=triton_reasons, doc="Triton split-KV decode + combine; bf16/FP8 caches, sparse")(_decode)
+                    dtypes={"q": (torch.bfloat16, torch.float16)},
+                    check=triton_reasons,
+                    doc="Triton split-KV decode + combine; bf16/fp16/FP8 caches, sparse")(_decode)
     registry.kernel(FLASH_MLA_WITH_KVCACHE.name, BACKEND, "flash_mla", priority=LIBRARY_PRIORITY, devices=("cuda",),
                     dtypes={"q": (torch.bfloat16,)},
                     check=_flash_mla_reasons, shape_class=lambda call: tuple(call.k_cache.shape[1:3]),
