@@ -64,6 +64,10 @@ def gemm_specimens(all_configs: bool):
         yield ("grouped_contiguous bf16", lambda: grouped_contiguous.m_grouped_gemm_nt_contiguous(
             torch.zeros(256, 256, dtype=torch.bfloat16), torch.zeros(2, 512, 256, dtype=torch.bfloat16),
             torch.empty(256, 512, dtype=torch.bfloat16), m_indices, config=cfg))
+        yield ("grouped_contiguous bf16 psum align=224", lambda: grouped_contiguous.m_grouped_gemm_nt_contiguous(
+            torch.zeros(256, 256, dtype=torch.bfloat16), torch.zeros(2, 512, 256, dtype=torch.bfloat16),
+            torch.empty(256, 512, dtype=torch.bfloat16), torch.tensor([200, 256], dtype=torch.int32),
+            use_psum_layout=True, alignment=224, config=cfg))
     for cfg in pick(grouped_masked.CONFIGS):
         yield ("grouped_masked fp8 sm100", lambda: grouped_masked.m_grouped_gemm_nt_masked(
             _fp8(2, 128, 256), _fp8(2, 512, 256), torch.empty(2, 128, 512, dtype=torch.bfloat16),

@@ -21,8 +21,6 @@ TRITON_OPS = (
 
 #: cases of TRITON_OPS the Triton provider declines (so the oracle runs them), with the reason
 ORACLE_BY_DESIGN = {
-    "m_grouped_fp8_gemm_nt_contiguous": (2, "segment alignment 224: a row tile of 64 would straddle groups"),
-    "m_grouped_bf16_gemm_nt_contiguous": (2, "segment alignment 224: a row tile of 64 would straddle groups"),
     "per_token_cast_to_fp4": (8, "convention 'deep_gemm': DeepGEMM's FP4 rounding is not in the kernel"),
 }
 

@@ -20,6 +20,10 @@ from nvidia_operands import FORMS, dequantized, quantized, storage  # noqa: E402
 COUNTS = [5, 0, 70, 1]  # an empty group, a one-row group, a segment of several row tiles
 
 
+def _config_id(config) -> str:
+    return "x".join(map(str, config.kwargs.values()))
+
+
 def _contiguous_case(counts, alignment, psum):
     counts_t = torch.tensor(counts)
     m_indices = contiguous_m_indices(counts_t, alignment)
@@ -47,7 +51,7 @@ def test_fp8_contiguous(form, psum):
     assert calc_diff(d[valid], ref[valid]) < 1e-9
 
 
-@pytest.mark.parametrize("config", grouped_contiguous.CONFIGS[2:], ids=lambda c: "x".join(map(str, c.kwargs.values())))
+@pytest.mark.parametrize("config", grouped_contiguous.CONFIGS[2:], ids=_config_id)
 def test_bf16_contiguous_alignment_256(config):
     alignment, n, k = 256, 70, 96
     m_indices, layout = _contiguous_case([3, 200], alignment, False)
@@ -71,12 +75,80 @@ def test_contiguous_skips_out_of_range_groups():
     assert torch.isnan(d).all()
 
 
-def test_contiguous_refuses_alignment_not_multiple_of_64():
+#: segments whose boundaries fall inside row tiles: DeepGEMM's SM100 224, a multiple of 8 only,
+#: and 1 (groups back to back, several in one tile)
+ODD_ALIGNMENTS = (224, 24, 1)
+ODD_COUNTS = [200, 0, 3, 20, 1, 57]
+
+
+def test_odd_alignments_put_segment_boundaries_inside_row_tiles():
+    """The cases below really exercise several groups per tile, for every config's BLOCK_M."""
+    for alignment in ODD_ALIGNMENTS:
+        m_indices = contiguous_m_indices(torch.tensor(ODD_COUNTS), alignment)
+        for block_m in {c.kwargs["BLOCK_M"] for c in grouped_contiguous.CONFIGS}:
+            tiles = torch.nn.functional.pad(m_indices, (0, -m_indices.numel() % block_m), value=-1).view(-1, block_m)
+            per_tile = [len(set(t[t >= 0].tolist())) for t in tiles]
+            assert max(per_tile) >= 2, (alignment, block_m)
+
+
+@pytest.mark.parametrize("alignment", ODD_ALIGNMENTS)
+@pytest.mark.parametrize("psum", [False, True])
+@pytest.mark.parametrize("form", ["sm90", "sm100"])
+def test_fp8_contiguous_any_alignment(form, psum, alignment):
+    n, k = 24, 160
+    m_indices, layout = _contiguous_case(ODD_COUNTS, alignment, psum)
+    m, g = m_indices.numel(), len(ODD_COUNTS)
+    ue8m0 = form == "sm100"
+    qa = quantized((m, k), (1, 128), ue8m0, seed=11)
+    qb = quantized((g, n, k), (128, 128), ue8m0, seed=12, scale=k ** -0.5)
+    sfa, ga = storage(qa, form)
+    sfb, gb = storage(qb, form)
+    d = poison(m, n, dtype=torch.float32)
+    grouped_contiguous.m_grouped_gemm_nt_contiguous(qa.data, qb.data, d, layout, sfa=sfa, sfb=sfb, gran_a=ga,
+                                                    gran_b=gb, use_psum_layout=psum, alignment=alignment)
+    valid = m_indices >= 0
+    ref = grouped_gemm_contiguous_reference(dequantized(qa), dequantized(qb), m_indices)
+    assert torch.isnan(d[~valid]).all()
+    assert calc_diff(d[valid], ref[valid]) < 1e-9
+
+
+@pytest.mark.parametrize("config", grouped_contiguous.CONFIGS, ids=_config_id)
+@pytest.mark.parametrize("psum", [False, True])
+def test_bf16_contiguous_alignment_224_every_config(psum, config):
+    alignment, n, k = 224, 40, 64
+    m_indices, layout = _contiguous_case(ODD_COUNTS, alignment, psum)
+    m = m_indices.numel()
+    a = randn(m, k, seed=13, dtype=torch.bfloat16)
+    b = randn(len(ODD_COUNTS), n, k, seed=14, dtype=torch.bfloat16)
+    d = poison(m, n, dtype=torch.bfloat16)
+    grouped_contiguous.m_grouped_gemm_nt_contiguous(a, b, d, layout, use_psum_layout=psum, alignment=alignment,
+                                                    config=config)
+    valid = m_indices >= 0
+    assert torch.isnan(d[~valid].float()).all()
+    ref = grouped_gemm_contiguous_reference(a.double(), b.double(), m_indices)
+    assert calc_diff(d[valid], ref[valid]) < 1e-5
+
+
+def test_contiguous_skips_out_of_range_groups_beside_valid_ones():
+    """Ids >= G or below -1 in a tile holding a valid group: only the valid group's rows are written."""
+    a = randn(64, 32, seed=5, dtype=torch.bfloat16)
+    b = randn(2, 16, 32, seed=6, dtype=torch.bfloat16)
+    ids = torch.tensor([1] * 10 + [5] * 20 + [-3] * 4 + [0] * 30, dtype=torch.int32)
+    d = poison(64, 16, dtype=torch.float32)
+    grouped_contiguous.m_grouped_gemm_nt_contiguous(a, b, d, ids, alignment=1)
+    valid = (ids >= 0) & (ids < 2)
+    assert torch.isnan(d[~valid]).all()
+    ref = grouped_gemm_contiguous_reference(a.double(), b.double(), torch.where(valid, ids, -1))
+    assert calc_diff(d[valid], ref[valid]) < 1e-5
+
+
+@pytest.mark.parametrize("alignment", [0, -64, True, 64.0])
+def test_contiguous_refuses_an_alignment_that_is_not_a_positive_int(alignment):
     a = randn(4, 32, seed=5, dtype=torch.bfloat16)
     b = randn(1, 16, 32, seed=6, dtype=torch.bfloat16)
     with pytest.raises(ContractError, match="alignment"):
         grouped_contiguous.m_grouped_gemm_nt_contiguous(a, b, torch.empty(4, 16), torch.zeros(4, dtype=torch.int32),
-                                                        alignment=4)
+                                                        alignment=alignment)
 
 
 @pytest.mark.parametrize("form", FORMS)

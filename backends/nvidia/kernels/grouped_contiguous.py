@@ -2,10 +2,13 @@
 [M, K], one B [G, N, K] per group; only valid rows of D are written.
 
 Every group's segment starts on a multiple of the alignment (128 on NVIDIA, 256 for Ascend-style
-layouts), so a row tile of BLOCK_M (a divisor of the alignment) lies inside one segment and uses
-one B. The tile's group comes from `m_indices` (its first row; -1 padding rows are masked out of
-the store, so a tile of padding does nothing) or, in the psum form, from the cumulative end rows:
-group g owns [align(psum[g-1]), psum[g]). A group id outside [0, G) is skipped, never read.
+layouts, or any value set by set_mk_alignment_for_contiguous_layout, e.g. DeepGEMM's 224). A row
+tile of BLOCK_M rows is computed once per group that has rows in it, each pass storing only that
+group's rows: one pass when BLOCK_M divides the alignment (the autotuner and the default config
+prefer such tiles), two or more on the tiles where a segment boundary falls inside. The groups
+come from `m_indices` (the tile's distinct ids in ascending order; -1 padding rows belong to none)
+or, in the psum form, from the cumulative end rows: group g owns [align(psum[g-1]), psum[g]). A
+group id outside [0, G) is skipped, never read.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ OPS = {True: "m_grouped_fp8_gemm_nt_contiguous", False: "m_grouped_bf16_gemm_nt_
 
 @triton.jit
 def _psum_group(psum_ptr, row, G, ALIGN, G_POW2: tl.constexpr):
-    """(group, first row, end row) of the segment holding `row` in the psum layout."""
+    """(group, first row, end row) of the segment holding `row` in the psum layout: the last group
+    starting at or before `row` (empty groups before it own no rows at or after `row`)."""
     g = tl.arange(0, G_POW2)
     ends = tl.load(psum_ptr + g, mask=g < G, other=0x7FFFFFFF)
     prev = tl.load(psum_ptr + g - 1, mask=(g >= 1) & (g < G), other=0)
@@ -33,6 +37,14 @@ def _psum_group(psum_ptr, row, G, ALIGN, G_POW2: tl.constexpr):
     start = tl.sum(tl.where(g == group, starts, 0))
     end = tl.sum(tl.where(g == group, ends, 0))
     return group, start, end
+
+
+@triton.jit
+def _psum_bounds(psum_ptr, group, G, ALIGN):
+    """(first row, end row) of `group` in the psum layout; (0, 0) for group >= G (nothing read)."""
+    prev = tl.load(psum_ptr + group - 1, mask=(group >= 1) & (group <= G), other=0)
+    end = tl.load(psum_ptr + group, mask=group < G, other=0)
+    return (prev + ALIGN - 1) // ALIGN * ALIGN, end
 
 
 @triton.jit
@@ -49,20 +61,34 @@ def grouped_contiguous_kernel(a_ptr, b_ptr, d_ptr, layout_ptr, sa_ptr, sb_ptr, M
     rm = first + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     in_m = rm < M
+    mask_n = rn < N
+    none = 0x7FFFFFFF  # "no further group"
     if PSUM:
         group, start, end = _psum_group(layout_ptr, first, G, ALIGN, G_POW2)
-        valid = in_m & (rm >= start) & (rm < end)
+        more = (group < G) & (start < first + BLOCK_M)
     else:
-        group = tl.load(layout_ptr + first)
-        valid = in_m & (tl.load(layout_ptr + rm, mask=in_m, other=-1) == group)
-    if (group >= 0) & (group < G) & (tl.sum(valid.to(tl.int32)) > 0):
-        mask_n = rn < N
-        acc = gemm_tile(a_ptr, b_ptr + group.to(tl.int64) * stride_bg, sa_ptr, sb_ptr + group * sb_stride_g,
-                        rm, rn, valid, mask_n, K, stride_am, stride_bn, sa_stride_mn, sa_stride_k,
-                        sb_stride_mn, sb_stride_k, 1, SB_GRAN_N, IS_FP8, SA_PACKED, SB_PACKED,
-                        BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
-        store_tile(d_ptr, d_ptr, acc, rm, rn, valid[:, None] & mask_n[None, :], stride_dm, 0, 0, False,
-                   OUT_BF16, INTERPRET)
+        ids = tl.load(layout_ptr + rm, mask=in_m, other=-1)
+        group = tl.min(tl.where(ids >= 0, ids, none))
+        more = group < G
+    while more:
+        if PSUM:
+            valid = in_m & (rm >= start) & (rm < end)
+        else:
+            valid = ids == group
+        if (group >= 0) & (tl.sum(valid.to(tl.int32)) > 0):
+            acc = gemm_tile(a_ptr, b_ptr + group.to(tl.int64) * stride_bg, sa_ptr, sb_ptr + group * sb_stride_g,
+                            rm, rn, valid, mask_n, K, stride_am, stride_bn, sa_stride_mn, sa_stride_k,
+                            sb_stride_mn, sb_stride_k, 1, SB_GRAN_N, IS_FP8, SA_PACKED, SB_PACKED,
+                            BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+            store_tile(d_ptr, d_ptr, acc, rm, rn, valid[:, None] & mask_n[None, :], stride_dm, 0, 0, False,
+                       OUT_BF16, INTERPRET)
+        if PSUM:
+            group += 1
+            start, end = _psum_bounds(layout_ptr, group, G, ALIGN)
+            more = (group < G) & (start < first + BLOCK_M)
+        else:
+            group = tl.min(tl.where(ids > group, ids, none))
+            more = group < G
 
 
 CONFIGS = [
@@ -71,12 +97,19 @@ CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 128}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=4),
 ]
-#: every config's BLOCK_M divides this, so it divides any alignment that is a multiple of it
-MIN_ALIGNMENT = 64
 
 
 def _prune(configs, named_args, **kwargs):
-    return [c for c in configs if named_args["ALIGN"] % c.kwargs["BLOCK_M"] == 0]
+    """Configs whose row tile divides the alignment (one pass per tile), if any; else all of them."""
+    fitting = [c for c in configs if named_args["ALIGN"] % c.kwargs["BLOCK_M"] == 0]
+    return fitting or configs
+
+
+def default_config(alignment: int) -> triton.Config:
+    """The config launched without autotuning: the first whose BLOCK_M divides the alignment, else
+    the smallest row tile (fewest tiles holding a segment boundary)."""
+    return next((c for c in CONFIGS if alignment % c.kwargs["BLOCK_M"] == 0),
+                min(CONFIGS, key=lambda c: c.kwargs["BLOCK_M"]))
 
 
 _tuned = autotuned(grouped_contiguous_kernel, CONFIGS, key=["M", "N", "K", "G", "ALIGN", "IS_FP8", "PSUM",
@@ -107,7 +140,7 @@ def m_grouped_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tens
     with scales sfb (gran (gn, gk), fp32 [G, ceil(N/gn), kb] or sm100 int32 words [G, N, w]).
     bf16 (no scales): a bf16 [M, K], b bf16 [G, N, K]. d: bf16/fp32 [M, N] contiguous.
     grouped_layout: int32 [M] group per row (-1 padding), or with use_psum_layout int32 [G]
-    cumulative end rows. alignment: the segments' row alignment, a multiple of 64.
+    cumulative end rows. alignment: the segments' row alignment, any positive int.
     """
     is_fp8 = sfa is not None or sfb is not None
     op = OPS[is_fp8]
@@ -123,12 +156,9 @@ def m_grouped_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tens
         _checks.scale_storage(op, "sfb", sfb, n, k, gran_b, device, groups=g)
     _checks.gemm_output(op, d, None, (m, n), device)
     _checks.tensor(op, "grouped_layout", grouped_layout, (torch.int32,), (g if use_psum_layout else m,), device)
-    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1 \
-            or alignment % MIN_ALIGNMENT:
-        _checks.fail(op, "alignment", repr(alignment), f"a positive multiple of {MIN_ALIGNMENT}",
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1:
+        _checks.fail(op, "alignment", repr(alignment), "a positive int",
                      "use get_m_alignment_for_contiguous_layout() (128 on NVIDIA)")
-    if config is not None and alignment % config.kwargs["BLOCK_M"]:
-        _checks.fail(op, "config", config, f"BLOCK_M dividing the alignment {alignment}", "pick another config")
     if m == 0 or n == 0:
         return
     sfa = sfa if is_fp8 else a
@@ -144,5 +174,4 @@ def m_grouped_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tens
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
 
-    default = next(c for c in CONFIGS if alignment % c.kwargs["BLOCK_M"] == 0)
-    launch(grouped_contiguous_kernel, _tuned, grid, args, constants, config, default)
+    launch(grouped_contiguous_kernel, _tuned, grid, args, constants, config, default_config(alignment))

@@ -17,22 +17,14 @@ from ._common import (BACKEND, LIBRARY_PRIORITY, NVIDIA_FORMATS, TORCH_VENDOR_PR
                       storage_granularity, triton_devices, triton_reasons)
 
 OUT_DTYPES = (torch.bfloat16, torch.float32)
-#: the Triton kernel's row tiles divide segments aligned to a multiple of this
-MIN_ALIGNMENT = 64
-
-
-def _shape(call: Any) -> Any:
-    alignment = getattr(call, "alignment", MIN_ALIGNMENT)
-    return storage_granularity(call.a), storage_granularity(call.b), alignment % MIN_ALIGNMENT == 0
 
 
 def _reasons(call: Any) -> list[str]:
-    ga, gb, aligned = _shape(call)
+    """Granularities only (they are in the call signature): the kernel takes any segment alignment."""
+    ga, gb = storage_granularity(call.a), storage_granularity(call.b)
     out = triton_reasons(call)
     if ga is not None and (ga[0] != 1 or ga[1] != gb[1] or ga[1] not in GEMM_BLOCK_K):
         out.append(f"granularities a {ga}, b {gb}: per-token a sharing b's K block in {GEMM_BLOCK_K}")
-    if not aligned:
-        out.append(f"segment alignment {call.alignment} is not a multiple of {MIN_ALIGNMENT}")
     return out
 
 
@@ -103,8 +95,8 @@ def register(registry: Registry) -> None:
             (M_GROUPED_FP8_MASKED, _masked, {"d": OUT_DTYPES}, quantized),
             (M_GROUPED_BF16_MASKED, _masked, bf16, {})):
         registry.kernel(contract.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=formats, dtypes=dtypes,
-                        devices=triton_devices(), check=_reasons, shape_class=_shape,
-                        doc="Triton, one row tile per segment, valid rows written only")(fn)
+                        devices=triton_devices(), check=_reasons,
+                        doc="Triton, one pass per group in a row tile, valid rows written only")(fn)
     for contract, fn in ((M_GROUPED_BF16_CONTIGUOUS, _grouped_mm_contiguous),
                          (M_GROUPED_BF16_MASKED, _grouped_mm_masked)):
         registry.kernel(contract.name, BACKEND, "grouped_mm", priority=TORCH_VENDOR_PRIORITY,
