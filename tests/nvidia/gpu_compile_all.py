@@ -84,6 +84,7 @@ def cast_specimens(all_configs: bool):
         yield (f"cast_fp8 token {form}", lambda: cast_fp8.cast_to_fp8(x, (1, 128), True, form))
         yield (f"cast_fp8 block {form}", lambda: cast_fp8.cast_to_fp8(x, (128, 128), True, form))
         yield (f"cast_fp4 {form}", lambda: cast_fp4.cast_to_fp4(x, 32, True, form))
+    yield ("cast_fp4 deep_gemm", lambda: cast_fp4.cast_to_fp4(x, 32, True, "sm100", convention="deep_gemm"))
     yield ("cast_fp8 token x*(1/sf)", lambda: cast_fp8.cast_to_fp8(x, (1, 128), False, "sm90", multiply_by_inverse=True))
     yield ("swiglu_cast", lambda: swiglu_cast.swiglu_cast(
         x, 128, True, torch.zeros(64, dtype=torch.int32), torch.zeros(8, 8), torch.zeros(64, dtype=torch.int32),

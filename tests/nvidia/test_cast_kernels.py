@@ -13,6 +13,7 @@ from portable_kernels.fp4 import (quantize_fp4_reference, swiglu_clamp_counts,  
                                   swiglu_forward_and_per_token_cast_reference, swiglu_rows)
 from portable_kernels.layouts import (sm100_ue8m0_encode, sm100_ue8m0_encode_from_blocks,  # noqa: E402
                                       sm90_sfa_encode)
+from portable_kernels.layouts.fp4 import e2m1_encode_ties_toward_zero, pack_e2m1  # noqa: E402
 from portable_kernels.quantization import quantize_blocks_reference  # noqa: E402
 from portable_kernels.testing.generators import randn  # noqa: E402
 
@@ -95,6 +96,45 @@ def test_fp4_codes_round_ties_to_even_and_keep_the_sign():
     q, _ = cast_fp4.cast_to_fp4(row[None], 32, False, "plain")
     want, _ = quantize_fp4_reference(row[None], 32, False)
     assert torch.equal(q, want)
+
+
+@pytest.mark.parametrize("form", ["plain", "sm90", "sm100"])
+@pytest.mark.parametrize("shape,gran_k", [((17, 200), 32), ((2, 5, 256), 128), ((64, 96), 16)], ids=str)
+def test_fp4_cast_deep_gemm_bytes(form, shape, gran_k):
+    ue8m0 = form == "sm100" or gran_k == 32
+    x = randn(*shape, seed=sum(shape) + 1, scale=2.0)
+    x.view(-1)[::13] = -0.0
+    q, sf = cast_fp4.cast_to_fp4(x, gran_k, ue8m0, form, convention="deep_gemm")
+    want_q, want_sf = quantize_fp4_reference(x, gran_k, ue8m0, convention="deep_gemm")
+    assert torch.equal(q, want_q)
+    assert _same_storage(sf, _expected_storage(want_sf, form, shape[-2], 1))
+
+
+def test_fp4_deep_gemm_codes_round_ties_toward_zero_and_zero_is_positive():
+    # per-block scale 1 (amax 6): the codes' grid, every midpoint, tiny negatives and -0
+    row = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.1, -0.0, 7.0, -5.5, 0.5, -0.75, 4.0, 3.0] * 2)
+    q, _ = cast_fp4.cast_to_fp4(row[None], 32, False, "plain", convention="deep_gemm")
+    want, _ = quantize_fp4_reference(row[None], 32, False, convention="deep_gemm")
+    portable, _ = quantize_fp4_reference(row[None], 32, False)
+    assert torch.equal(q, want)
+    assert not torch.equal(want, portable)  # the ties and the zeros tell the conventions apart
+
+
+def test_fp4_deep_gemm_multiplies_by_the_inverse():
+    """Non-power-of-two scales: x * (1 / sf) and x / sf land on different sides of a midpoint
+    somewhere in this input, and the kernel follows the product."""
+    x = randn(512, 1024, seed=21, scale=5.0, dtype=torch.bfloat16)
+    q, sf = cast_fp4.cast_to_fp4(x, 32, False, "plain", convention="deep_gemm")
+    want_q, want_sf = quantize_fp4_reference(x, 32, False, convention="deep_gemm")
+    assert torch.equal(q, want_q) and torch.equal(sf, want_sf)
+    blocks = x.float().view(512, 32, 32)
+    divided = pack_e2m1(e2m1_encode_ties_toward_zero((blocks / want_sf[..., None]).view(512, 1024)))
+    assert not torch.equal(divided, want_q)
+
+
+def test_fp4_cast_refuses_an_unknown_convention():
+    with pytest.raises(ContractError, match="convention"):
+        cast_fp4.cast_to_fp4(torch.ones(2, 32), 32, True, "plain", convention="nearest")
 
 
 @pytest.mark.parametrize("form", ["plain", "sm90", "sm100"])

@@ -34,8 +34,6 @@ def _fp8_reasons(call: CastInputs) -> list[str]:
 def _fp4_reasons(call: CastInputs) -> list[str]:
     gk = call.granularity[1]
     out = _fp8_reasons(call)
-    if call.convention != "portable":  # DeepGEMM's FP4 rounding (ties toward zero, +0) is not in the kernel
-        out.append(f"convention {call.convention!r}: the Triton FP4 cast rounds ties to even and keeps the sign of zero")
     if gk % 2:
         out.append(f"gran_k {gk} must be even (two codes per byte)")
     return out
@@ -64,7 +62,8 @@ def _fp8_cast(call: CastInputs) -> Any:
 
 
 def _fp4_cast(call: CastInputs) -> Any:
-    return kernel("cast_fp4").cast_to_fp4(call.x, call.granularity[1], call.use_ue8m0, SCALE_FORM[call.out_format])
+    return kernel("cast_fp4").cast_to_fp4(call.x, call.granularity[1], call.use_ue8m0, SCALE_FORM[call.out_format],
+                                          call.convention)
 
 
 def _swiglu_reasons(call: SwigluCastInputs) -> list[str]:
@@ -91,7 +90,7 @@ def register(registry: Registry) -> None:
                         doc="Triton, writes PLAIN/SM90/SM100 scales directly")(_fp8_cast)
     registry.kernel(PER_TOKEN_CAST_FP4.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=formats,
                     devices=triton_devices(), check=_fp4_reasons,
-                    doc="Triton, E2M1 ties to even, writes PLAIN/SM90/SM100 scales")(_fp4_cast)
+                    doc="Triton, E2M1 in either convention, writes PLAIN/SM90/SM100 scales")(_fp4_cast)
     registry.kernel(SWIGLU_CAST.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=formats,
                     devices=triton_devices(), check=_swiglu_reasons,
                     doc="Triton, SwiGLU and FP8 cast in one pass")(_swiglu_cast)
