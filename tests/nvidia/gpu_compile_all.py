@@ -49,6 +49,9 @@ def gemm_specimens(all_configs: bool):
         yield ("bf16_gemm", lambda: bf16_gemm.bf16_gemm_nt(
             torch.zeros(256, 256, dtype=torch.bfloat16), torch.zeros(512, 256, dtype=torch.bfloat16),
             torch.empty(256, 512), config=cfg))
+        yield ("bf16_gemm tn (both MN-major)", lambda: bf16_gemm.bf16_gemm_nt(
+            torch.zeros(256, 256, dtype=torch.bfloat16).mT, torch.zeros(256, 512, dtype=torch.bfloat16).mT,
+            torch.empty(256, 512), config=cfg))
     for cfg in pick(fp8_fp4_gemm.CONFIGS):
         yield ("fp8_fp4_gemm", lambda: fp8_fp4_gemm.fp8_fp4_gemm_nt(
             _fp8(256, 256), torch.zeros(256, 1, dtype=torch.int32), torch.zeros(512, 128, dtype=torch.uint8),

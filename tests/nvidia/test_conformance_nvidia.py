@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 #: ops whose every passing case must have run on the Triton kernels
 TRITON_OPS = (
-    "fp8_gemm_nt", "bf16_gemm_nt", "fp8_fp4_gemm_nt",
+    "fp8_gemm_nt", "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "fp8_fp4_gemm_nt",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked", "m_grouped_bf16_gemm_nt_masked",
     "per_token_cast_to_fp8", "per_block_cast_to_fp8", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast",

@@ -96,6 +96,30 @@ def test_bf16_gemm_autotuned_path_bf16_out():
     assert calc_diff(d, a.double() @ b.double().T) < 1e-5
 
 
+@pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
+@pytest.mark.parametrize("config", bf16_gemm.CONFIGS[-2:], ids=lambda c: "x".join(map(str, c.kwargs.values())))
+def test_bf16_gemm_reads_stored_transposes(layout, config):
+    """The nn/tn/tt operands: A and/or B stored [K, MN] and passed as their .mT views (MN-major)."""
+    m, n, k = 37, 70, 200
+    a_t, b_t = layout[0] == "t", layout[1] == "n"
+    a = randn(k, m, seed=21, dtype=torch.bfloat16).mT if a_t else randn(m, k, seed=21, dtype=torch.bfloat16)
+    b = randn(k, n, seed=22, dtype=torch.bfloat16).mT if b_t else randn(n, k, seed=22, dtype=torch.bfloat16)
+    assert (a.stride(0) == 1) == a_t and (b.stride(0) == 1) == b_t
+    c = randn(m, n, seed=23)
+    d = poison(m, n, dtype=torch.float32)
+    bf16_gemm.bf16_gemm_nt(a, b, d, c, config=config)
+    assert calc_diff(d, a.double() @ b.double().T + c.double()) < 1e-9
+
+
+def test_bf16_gemm_reads_any_strides():
+    """Neither stride 1 (every other row and column of larger tensors)."""
+    a = randn(40, 300, seed=24, dtype=torch.bfloat16)[::2, ::3]
+    b = randn(300, 66, seed=25, dtype=torch.bfloat16).mT[::2, ::3]
+    d = poison(20, 33, dtype=torch.bfloat16)
+    bf16_gemm.bf16_gemm_nt(a, b, d)
+    assert calc_diff(d, a.double() @ b.double().T) < 1e-5
+
+
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("gran_a,gran_b", [(128, 32), (32, 32), (128, 128)])
 def test_fp8_fp4_gemm(form, gran_a, gran_b):

@@ -23,7 +23,7 @@ def tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: t
 
 
 @triton.jit
-def gemm_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, rm, rn, mask_m, mask_n, K, stride_am, stride_bn,
+def gemm_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, rm, rn, mask_m, mask_n, K, stride_am, stride_bn, stride_ak, stride_bk,
               sa_stride_mn, sa_stride_k, sb_stride_mn, sb_stride_k,
               SA_GRAN_M: tl.constexpr, SB_GRAN_N: tl.constexpr, IS_FP8: tl.constexpr, SA_PACKED: tl.constexpr,
               SB_PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -31,10 +31,11 @@ def gemm_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, rm, rn, mask_m, mask_n, K, stride_am
     """fp32 [BLOCK_M, BLOCK_N] = Σ_k A[rm, k]·B[rn, k] (fp8: each K block scaled by sa[m]·sb[n]).
 
     With IS_FP8 the K loop steps one scale block (BLOCK_K = gran_k); scales are read as stored.
+    A and B may have any strides (stride_ak = 1: K-major; stride_am = 1: M-major, a stored transpose).
     """
     rk = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :]
-    b_ptrs = b_ptr + rn[:, None].to(tl.int64) * stride_bn + rk[None, :]
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :].to(tl.int64) * stride_ak
+    b_ptrs = b_ptr + rn[:, None].to(tl.int64) * stride_bn + rk[None, :].to(tl.int64) * stride_bk
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
         k_mask = rk < K - kb * BLOCK_K
@@ -47,8 +48,8 @@ def gemm_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, rm, rn, mask_m, mask_n, K, stride_am
             acc += partial * sa[:, None] * sb[None, :]
         else:
             acc = dot(a, tl.trans(b), acc, INTERPRET)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
     return acc
 
 

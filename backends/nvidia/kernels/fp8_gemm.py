@@ -34,7 +34,7 @@ def fp8_gemm_nt_kernel(a_ptr, b_ptr, d_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, M_BU
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = rm < M
     mask_n = rn < N
-    acc = gemm_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, rm, rn, mask_m, mask_n, K, stride_am, stride_bn,
+    acc = gemm_tile(a_ptr, b_ptr, sa_ptr, sb_ptr, rm, rn, mask_m, mask_n, K, stride_am, stride_bn, 1, 1,
                     sa_stride_mn, sa_stride_k, sb_stride_mn, sb_stride_k, SA_GRAN_M, SB_GRAN_N, True, SA_PACKED,
                     SB_PACKED, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
     store_tile(d_ptr, c_ptr, acc, rm, rn, mask_m[:, None] & mask_n[None, :], stride_dm, stride_cm, stride_cn,

@@ -77,7 +77,7 @@ def grouped_contiguous_kernel(a_ptr, b_ptr, d_ptr, layout_ptr, sa_ptr, sb_ptr, M
             valid = ids == group
         if (group >= 0) & (tl.sum(valid.to(tl.int32)) > 0):
             acc = gemm_tile(a_ptr, b_ptr + group.to(tl.int64) * stride_bg, sa_ptr, sb_ptr + group * sb_stride_g,
-                            rm, rn, valid, mask_n, K, stride_am, stride_bn, sa_stride_mn, sa_stride_k,
+                            rm, rn, valid, mask_n, K, stride_am, stride_bn, 1, 1, sa_stride_mn, sa_stride_k,
                             sb_stride_mn, sb_stride_k, 1, SB_GRAN_N, IS_FP8, SA_PACKED, SB_PACKED,
                             BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
             store_tile(d_ptr, d_ptr, acc, rm, rn, valid[:, None] & mask_n[None, :], stride_dm, 0, 0, False,

@@ -35,7 +35,7 @@ def grouped_masked_kernel(a_ptr, b_ptr, d_ptr, masked_m_ptr, sa_ptr, sb_ptr, MAX
         mask_n = rn < N
         g64 = group.to(tl.int64)
         acc = gemm_tile(a_ptr + g64 * stride_ag, b_ptr + g64 * stride_bg, sa_ptr + g64 * sa_stride_g,
-                        sb_ptr + g64 * sb_stride_g, rm, rn, mask_m, mask_n, K, stride_am, stride_bn,
+                        sb_ptr + g64 * sb_stride_g, rm, rn, mask_m, mask_n, K, stride_am, stride_bn, 1, 1,
                         sa_stride_mn, sa_stride_k, sb_stride_mn, sb_stride_k, 1, SB_GRAN_N, IS_FP8, SA_PACKED,
                         SB_PACKED, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
         store_tile(d_ptr + g64 * stride_dg, d_ptr, acc, rm, rn, mask_m[:, None] & mask_n[None, :], stride_dm, 0, 0,

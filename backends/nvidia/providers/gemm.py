@@ -1,5 +1,6 @@
-"""nvidia providers of the dense GEMMs (fp8_gemm_nt, bf16_gemm_nt, fp8_fp4_gemm_nt): Triton kernels
-reading SM90/SM100 scales, torch._scaled_mm (cuBLASLt block scaling, Hopper) and DeepGEMM."""
+"""nvidia providers of the dense GEMMs (fp8_gemm_nt, bf16_gemm_{nt,nn,tn,tt}, fp8_fp4_gemm_nt): Triton
+kernels reading SM90/SM100 scales (the bf16 one any operand strides), torch._scaled_mm (cuBLASLt block
+scaling, Hopper) and DeepGEMM."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import torch
 
 from portable_kernels.gemm import BF16_GEMM_NT, FP8_GEMM_NT, GemmInputs
+from portable_kernels.gemm_transposed import BF16_CONTRACTS
 from portable_kernels.layouts import SM90
 from portable_kernels.fp4 import FP8_FP4_GEMM_NT
 from portable_kernels.providers import Limit
@@ -42,6 +44,8 @@ def _fp8_gemm(call: GemmInputs) -> None:
 
 
 def _bf16_gemm(call: GemmInputs) -> None:
+    """Every bf16 layout: the nn/tn/tt ops bind the .mT views of stored transposes, which the kernel
+    reads through their strides (no copy)."""
     kernel("bf16_gemm").bf16_gemm_nt(call.a, call.b, call.d, call.c)
 
 
@@ -110,9 +114,10 @@ def register(registry: Registry) -> None:
     registry.kernel(FP8_GEMM_NT.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=quantized, dtypes=out,
                     devices=triton_devices(), check=_fp8_reasons,
                     doc="Triton, block-scaled fp8 reading SM90/SM100 scales in place")(_fp8_gemm)
-    registry.kernel(BF16_GEMM_NT.name, BACKEND, TRITON, priority=TRITON_PRIORITY, dtypes=out,
-                    devices=triton_devices(), check=triton_reasons,
-                    doc="Triton, bf16 with fp32 accumulation")(_bf16_gemm)
+    for contract in (BF16_GEMM_NT, *BF16_CONTRACTS.values()):
+        registry.kernel(contract.name, BACKEND, TRITON, priority=TRITON_PRIORITY, dtypes=out,
+                        devices=triton_devices(), check=triton_reasons,
+                        doc="Triton, bf16 with fp32 accumulation, operands of any strides")(_bf16_gemm)
     registry.kernel(FP8_FP4_GEMM_NT.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=quantized, dtypes=out,
                     devices=triton_devices(), check=_fp4_reasons,
                     doc="Triton, E2M1 widened to e4m3 in registers")(_fp8_fp4_gemm)
