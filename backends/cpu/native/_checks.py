@@ -43,13 +43,16 @@ def is_plain(t: Any, dtypes: tuple[torch.dtype, ...], shape: tuple[int, ...]) ->
             and t.is_contiguous())
 
 
-def row_stride(op: str, arg: str, t: torch.Tensor) -> int:
+def row_stride(op: str, arg: str, t: torch.Tensor, shape: tuple[int, ...] | None = None) -> int:
     """Row stride (elements) of a K-major operand: a 2-D [rows, K] tensor with unit stride along K
-    and non-overlapping rows (a slice of a wider buffer is fine); other ranks must be contiguous."""
-    if t.dim() != 2:
+    and non-overlapping rows (a slice of a wider buffer is fine); other ranks must be contiguous.
+    shape: t.shape when the caller has read it already."""
+    if shape is None:
+        shape = t.shape
+    if len(shape) != 2:
         contiguous(op, arg, t)
-        return t.shape[-1]
-    (rows, k), strides = t.shape, t.stride()
+        return shape[-1]
+    (rows, k), strides = shape, t.stride()
     if k > 1 and strides[1] != 1:
         fail(op, arg, f"with strides {strides}", "unit stride along K (K-major)", f"pass {arg}.contiguous()")
     row = strides[0] if rows > 1 else k

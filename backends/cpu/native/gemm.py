@@ -136,8 +136,9 @@ def gemm_dense(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: int
 def _gemm(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: int, b: torch.Tensor,
           sfb: torch.Tensor | None, b_gran: tuple[int, int], d: torch.Tensor, c: torch.Tensor | None,
           segments: torch.Tensor | None, k: int, engine: str, b_pow2: bool, grouped: bool, fma_tile: bool) -> str:
-    # Every check reads each tensor attribute once (they cost ~0.1 µs each); a failed fast check
-    # falls back to the descriptive one, which raises the error naming the argument.
+    # A small call (1x256x256) takes a few µs in C++, so the checks are written to read each tensor
+    # attribute once (~0.1 µs apiece): a fast test of the common case, and on failure the
+    # descriptive check, which raises the error naming the argument.
     lib = LIB.get()
     if lib is None:
         raise RuntimeError(f"{op}: native gemm unavailable: {LIB.reason()}")
@@ -153,23 +154,27 @@ def _gemm(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: int, b: 
         if len(b_shape) != 2:
             chk.fail(op, "b", f"{len(b_shape)}-D", "[N, K]", "pass the dense weight [N, K]")
         g, (n, kb_len) = 1, b_shape
-    chk.contiguous(op, "b", b)
+    if not b.is_contiguous():
+        chk.contiguous(op, "b", b)
     a_shape = a.shape
     if len(a_shape) != 2 or a_shape[1] != k:
         chk.fail(op, "a", f"of shape {tuple(a_shape)}", f"[M, K = {k}]", "pass A [M, K]")
-    if kb_len != (k // 2 if kb == KIND_FP4 else k) or (kb == KIND_FP4 and k % 2):
+    fp4 = kb == KIND_FP4
+    if kb_len != (k // 2 if fp4 else k) or (fp4 and k % 2):
         chk.fail(op, "b", f"of shape {tuple(b_shape)}", f"[{'G, ' if grouped else ''}N, {k}] ({k // 2} bytes for "
                  "packed e2m1)", f"pass B [{'G, ' if grouped else ''}N, K] sharing A's K")
     m = a_shape[0]
-    a_row = chk.row_stride(op, "a", a)
-    _check_scale(op, "sfa", sfa, ka, (m, cdiv(k, a_gran_k)))
+    a_row = chk.row_stride(op, "a", a, a_shape)
     gn, gk = b_gran
-    sfb_k = cdiv(k, gk)
-    _check_scale(op, "sfb", sfb, kb, (g, cdiv(n, gn), sfb_k) if grouped else (cdiv(n, gn), sfb_k))
-    for name, gran in (("a granularity", a_gran_k), ("b granularity", gk)):
-        if gran < 1 or (kb == KIND_FP4 and gran % 2):
-            chk.fail(op, name, gran, "a positive K granularity (even for e2m1)", "quantize with gran_k = 32 or 128")
-    if not chk.is_plain(d, OUT_DTYPES, (m, n)):
+    if a_gran_k < 1 or gk < 1 or (fp4 and (a_gran_k % 2 or gk % 2)):
+        for name, gran in (("a granularity", a_gran_k), ("b granularity", gk)):
+            if gran < 1 or (fp4 and gran % 2):
+                chk.fail(op, name, gran, "a positive K granularity (even for e2m1)", "quantize with gran_k = 32 or 128")
+    sfa_k, sfb_k, sfb_n = -(-k // a_gran_k), -(-k // gk), -(-n // gn)
+    _check_scale(op, "sfa", sfa, ka, (m, sfa_k))
+    _check_scale(op, "sfb", sfb, kb, (g, sfb_n, sfb_k) if grouped else (sfb_n, sfb_k))
+    d_dtype = d.dtype if isinstance(d, torch.Tensor) else None
+    if not (d_dtype in OUT_DTYPES and d.is_cpu and d.shape == (m, n) and d.is_contiguous()):
         chk.tensor(op, "d", d, OUT_DTYPES, (m, n), "allocate d [M, N] in bf16 or fp32")
         chk.contiguous(op, "d", d)
     if c is not None and not chk.is_plain(c, OUT_DTYPES, (m, n)):
@@ -180,7 +185,7 @@ def _gemm(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: int, b: 
     else:
         _check_segments(op, segments, m, g)
         seg_ptr, nsegs = segments.data_ptr(), segments.shape[0]
-    fold = kb == KIND_FP4 and bool(b_pow2)
+    fold = fp4 and bool(b_pow2)
     if engine == "fma":
         period = 0  # the fma engine reads no promotion period
     else:
@@ -194,16 +199,14 @@ def _gemm(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: int, b: 
             chk.fail(op, "engine", repr(engine), "'auto', 'fma' or 'amx'", "pass one of those")
     if m == 0 or n == 0 or nsegs == 0:
         return engine
-    elem_b = 2 if kb == KIND_BF16 else 1
-    row_b = kb_len * elem_b  # b is contiguous: rows of kb_len elements, groups of n rows
-    sfb_ld = 0 if sfb is None else sfb_k
+    row_b = kb_len * 2 if kb == KIND_BF16 else kb_len  # b is contiguous: rows of kb_len elements, groups of n rows
     buf = _buffer
     _CALL.pack_into(buf.raw, 0,
-                    a.data_ptr(), ka, 0 if sfa is None else sfa.data_ptr(), a_gran_k, a_row * a.element_size(),
-                    0 if sfa is None else cdiv(k, a_gran_k),
-                    b.data_ptr(), kb, 0 if sfb is None else sfb.data_ptr(), gn, gk, row_b, sfb_ld, n * row_b,
-                    sfb_ld * cdiv(n, gn),
-                    d.data_ptr(), d.dtype == torch.bfloat16, 0 if c is None else c.data_ptr(),
+                    a.data_ptr(), ka, 0 if sfa is None else sfa.data_ptr(), a_gran_k,
+                    a_row * 2 if ka == KIND_BF16 else a_row, 0 if sfa is None else sfa_k,
+                    b.data_ptr(), kb, 0 if sfb is None else sfb.data_ptr(), gn, gk, row_b,
+                    0 if sfb is None else sfb_k, n * row_b, 0 if sfb is None else sfb_k * sfb_n,
+                    d.data_ptr(), d_dtype == torch.bfloat16, 0 if c is None else c.data_ptr(),
                     c is not None and c.dtype == torch.bfloat16,
                     seg_ptr, nsegs, m, n, k, ENGINE_CODES[engine], period or 0, fold, num_threads(),
                     1 if fma_tile else 0)
