@@ -316,3 +316,10 @@ def test_concurrent_calls_from_python_threads_each_get_their_own_arguments():
     finally:
         sys.setswitchinterval(interval)
     assert errors == []
+
+
+@pytest.mark.parametrize("a_gran,b_gran", [(0, (128, 128)), (128, (128, 0)), (-1, (128, 128))])
+def test_granularities_below_one_are_refused_before_scales_are_sized_from_them(a_gran, b_gran):
+    a, b = _fp8_operands(2, 8, 128, seed=14, ue8m0=False)
+    with pytest.raises(ContractError, match="granularity"):
+        ng.gemm_dense("t", a.data, a.scale, a_gran, b.data, b.scale, b_gran, torch.empty(2, 8), None, 128)
