@@ -250,3 +250,13 @@ def test_concurrent_topk_calls_from_python_threads():
     finally:
         sys.setswitchinterval(interval)
     assert errors == []
+
+
+@needs_topk
+def test_a_negative_zero_fill_keeps_its_sign_after_a_positive_zero_fill():
+    x = randn(1, 4, seed=6)
+    for dtype, bits in ((torch.float32, torch.int32), (torch.bfloat16, torch.int16)):
+        for fill in (0.0, -0.0, 0.0):
+            values, _ = nt.topk_native(x.to(dtype), 6, value_oob_fill_value=fill)
+            expected = torch.tensor([fill], dtype=dtype).view(bits)
+            assert bool((values[0, 4:].view(bits) == expected).all())

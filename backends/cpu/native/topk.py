@@ -9,7 +9,6 @@ orders the selections by value, ties by index.
 from __future__ import annotations
 
 import ctypes
-import functools
 import struct
 import threading
 from pathlib import Path
@@ -53,11 +52,21 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 _FILL_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 
 
-@functools.lru_cache(maxsize=64)
+#: (fill value, dtype) -> its bits; zeros are not kept: -0.0 and 0.0 are one key but differ in bits
+_FILLS: dict[tuple[float, torch.dtype], int] = {}
+
+
 def _fill_bits(value: float, dtype: torch.dtype) -> int:
     """The bits of `value` rounded to `dtype` (as a cast rounds), as an unsigned int."""
-    bits = int(torch.tensor([value], dtype=dtype).view(_FILL_BITS[dtype])[0])
-    return bits & (0xFFFF if dtype == torch.bfloat16 else 0xFFFFFFFF)
+    bits = _FILLS.get((value, dtype)) if value else None
+    if bits is None:
+        bits = int(torch.tensor([value], dtype=dtype).view(_FILL_BITS[dtype])[0])
+        bits &= 0xFFFF if dtype == torch.bfloat16 else 0xFFFFFFFF
+        if value:
+            if len(_FILLS) >= 64:
+                _FILLS.clear()
+            _FILLS[(value, dtype)] = bits
+    return bits
 
 
 #: per (rows, cols, dtype): a [rows, cols] view of one element (stride 0); see _empty
@@ -121,7 +130,8 @@ def topk_native(input: torch.Tensor, topk: int, end: torch.Tensor | None = None,
         _CALL.pack_into(buf.raw, 0, input.data_ptr(), dtype == torch.bfloat16, b, n, strides[0] if b > 1 else n,
                         0 if end is None else end.data_ptr(), topk, 1 if sorted else 0, indices.data_ptr(),
                         indices_type == torch.int64, idx_oob_fill_value, 0 if values is None else values.data_ptr(),
-                        _fill_bits(value_oob_fill_value, dtype), num_threads())
+                        _FILLS.get((value_oob_fill_value, dtype)) or _fill_bits(value_oob_fill_value, dtype),
+                        num_threads() if b > 1 else 1)
         if lib.pk_topk(buf.address):
             reject_nan(input, end)  # the contract's message (it raises)
             raise AssertionError("topk: native NaN scan and reject_nan disagree")
