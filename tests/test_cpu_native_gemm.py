@@ -180,6 +180,10 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
 
 
+def cdiv(x, y):
+    return -(-x // y)
+
+
 #: fp32 scales the fp8 dequantization must apply exactly: ordinary, negative, subnormal, zero, and
 #: ones whose 2^8 multiple overflows (the fused multiply then cannot be used)
 ODD_SCALES = [0.37, -1.5, 1.2e-40, 0.0, 3.0e37, -2.9e38, 2.0 ** -126]
@@ -195,10 +199,6 @@ def _odd_scaled(n, k, gran, seed, scales=ODD_SCALES, nonfinite=False):
     pool = list(scales) + ([float("inf"), float("nan")] if nonfinite else [])
     sfb = torch.tensor(pool, dtype=torch.float32)[torch.arange(cdiv(n, gran[0]) * cdiv(k, gran[1])) % len(pool)]
     return b, sfb.reshape(cdiv(n, gran[0]), cdiv(k, gran[1]))
-
-
-def cdiv(x, y):
-    return -(-x // y)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5])

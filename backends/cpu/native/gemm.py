@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from portable_kernels.native.build import I32, I64, PTR, NativeLibrary, num_threads, register_library
-from portable_kernels.tensors import PreparedTensor, cdiv
+from portable_kernels.tensors import PreparedTensor
 
 from .._names import BACKEND
 from . import _checks as chk
@@ -67,6 +67,7 @@ def dense_segments(m: int) -> torch.Tensor:
 
 
 _KINDS = {FP8: KIND_FP8, torch.bfloat16: KIND_BF16, torch.uint8: KIND_FP4}
+_FP32 = (torch.float32,)
 
 
 def _kind(op: str, arg: str, data: torch.Tensor) -> int:
@@ -86,9 +87,6 @@ def _check_scale(op: str, arg: str, scale: torch.Tensor | None, kind: int, shape
     if not chk.is_plain(scale, _FP32, shape):
         chk.tensor(op, arg, scale, _FP32, shape, "pass the fp32 row-major block scales")
         chk.contiguous(op, arg, scale)
-
-
-_FP32 = (torch.float32,)
 
 
 def _check_segments(op: str, segments: torch.Tensor, m: int, g: int) -> None:
