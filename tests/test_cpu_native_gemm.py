@@ -13,7 +13,8 @@ from portable_kernels.dispatch import trace_providers
 from portable_kernels.errors import ContractError
 from portable_kernels.fp4 import per_token_cast_to_fp4
 from portable_kernels.numerics import calc_diff
-from portable_kernels.quantization import dequantize_reference, per_block_cast_to_fp8, per_token_cast_to_fp8
+from portable_kernels.quantization import (QuantTensor, dequantize_reference, per_block_cast_to_fp8,
+                                           per_token_cast_to_fp8)
 from portable_kernels.testing.generators import poison, randn
 
 pytestmark = pytest.mark.skipif(not ng.available(), reason=f"native GEMM unavailable: {ng.LIB.reason()}")
@@ -168,3 +169,157 @@ def test_public_gemm_ops_run_the_native_provider(m):
     assert ran == [("fp8_gemm_nt", "cpu", "native"), ("bf16_gemm_nt", "cpu", "torch-blas"),
                    ("bf16_gemm_nt", "cpu", "native")]
     assert calc_diff(d, _reference(dequantize_reference(a), dequantize_reference(b))) < 1e-5
+
+
+# -- per-call latency paths: register dequantization, serial small calls, the packed call --------------
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The output's bits, every NaN as one canonical NaN (a NaN's sign and payload depend on which
+    operand of an FMA the compiler reads first; they carry no value)."""
+    t = torch.where(torch.isnan(t), torch.tensor(float("nan"), dtype=t.dtype), t)
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+
+def cdiv(x, y):
+    return -(-x // y)
+
+
+#: fp32 scales the fp8 dequantization must apply exactly: ordinary, negative, subnormal, zero, and
+#: ones whose 2^8 multiple overflows (the fused multiply then cannot be used)
+ODD_SCALES = [0.37, -1.5, 1.2e-40, 0.0, 3.0e37, -2.9e38, 2.0 ** -126]
+
+
+def _odd_scaled(n, k, gran, seed, scales=ODD_SCALES, nonfinite=False):
+    """fp8 B [n, k] with codes of magnitude <= 1 (so v * any finite scale above stays finite) and
+    block scales cycling through `scales` (plus inf and NaN when nonfinite)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8)
+    codes = (codes & 0x80) | (codes & 0x7F).clamp(max=0x38)  # |v| <= 1, no NaN code
+    b = codes.view(torch.float8_e4m3fn)
+    pool = list(scales) + ([float("inf"), float("nan")] if nonfinite else [])
+    sfb = torch.tensor(pool, dtype=torch.float32)[torch.arange(cdiv(n, gran[0]) * cdiv(k, gran[1])) % len(pool)]
+    return b, sfb.reshape(cdiv(n, gran[0]), cdiv(k, gran[1]))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("n,k", [(1, 16), (7, 100), (64, 256), (130, 1000), (33, 2100)])
+@pytest.mark.parametrize("b_gran", [(128, 128), (1, 128), (1, 32)])
+def test_fp8_register_path_gives_the_tile_paths_bytes(m, n, k, b_gran):
+    a, _ = _fp8_operands(m, 1, k, seed=m + k, ue8m0=False)
+    b, sfb = _odd_scaled(n, k, b_gran, seed=n + k, nonfinite=True)
+    c = randn(m, n, seed=4)
+    for out in (torch.float32, torch.bfloat16):
+        d_reg, d_tile = poison(m, n, dtype=out), poison(m, n, dtype=out)
+        for d, tile in ((d_reg, False), (d_tile, True)):
+            ng.gemm_segments("t", a.data, a.scale, 128, b[None], sfb[None], b_gran, d, c, None, k, engine="fma",
+                             fma_tile=tile)
+        assert torch.equal(_bits(d_reg), _bits(d_tile))
+
+
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("n,k", [(5, 30), (64, 512), (17, 1031)])
+def test_bf16_register_path_gives_the_tile_paths_bytes(m, n, k):
+    a = randn(m, k, seed=1, dtype=torch.bfloat16)
+    b = randn(n, k, seed=2, dtype=torch.bfloat16)
+    d_reg, d_tile = poison(m, n, dtype=torch.float32), poison(m, n, dtype=torch.float32)
+    for d, tile in ((d_reg, False), (d_tile, True)):
+        ng.gemm_segments("t", a, None, 128, b[None], None, (1, 1), d, None, None, k, engine="fma", fma_tile=tile)
+    assert torch.equal(_bits(d_reg), _bits(d_tile))
+    _close(d_reg, _reference(a, b))
+
+
+@pytest.mark.parametrize("tile", [False, True])
+def test_fp8_dequantization_is_the_references_for_any_finite_scale(tile):
+    # one-hot rows of A pick single elements of B: D[i, n] is B's dequantized value, which must be
+    # the reference's v * sf bit for bit, also where sf * 2^8 overflows (the two-multiply fallback)
+    k, n = 256, 40
+    b, sfb = _odd_scaled(n, k, (1, 128), seed=5)
+    ref = dequantize_reference(QuantTensor(b, sfb, (1, 128)))
+    picks = torch.tensor([0, 1, 17, 127, 128, 200, 255])
+    a = torch.zeros(len(picks), k)
+    a[torch.arange(len(picks)), picks] = 1.0
+    a = a.to(torch.float8_e4m3fn)
+    segs = torch.tensor([[i, 1, 0] for i in range(len(picks))], dtype=torch.int64)  # 1-row segments
+    d = poison(len(picks), n, dtype=torch.float32)
+    ng.gemm_segments("t", a, torch.ones(len(picks), 2), 128, b[None], sfb[None], (1, 128), d, None, segs, k,
+                     engine="fma", fma_tile=tile)
+    assert torch.equal(d, ref[:, picks].T)
+
+
+def test_small_calls_on_the_calling_thread_match_the_threaded_run():
+    # M*N*K above the serial threshold runs in an OpenMP region at 2 threads; at 1 thread it runs
+    # without one (the small-call path): the bytes must not depend on which
+    m, n, k = 2, 1100, 2048
+    a, b = _fp8_operands(m, n, k, seed=6, ue8m0=False)
+    outs = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for tile in (False, True):
+                d = poison(m, n, dtype=torch.float32)
+                ng.gemm_segments("t", a.data, a.scale, 128, b.data[None], b.scale[None], (128, 128), d, None, None,
+                                 k, engine="fma", fma_tile=tile)
+                outs.append(d)
+    finally:
+        torch.set_num_threads(before)
+    for d in outs[1:]:
+        assert torch.equal(_bits(d), _bits(outs[0]))
+    _close(outs[0], _reference(dequantize_reference(a), dequantize_reference(b)))
+
+
+def test_dense_entry_checks_like_the_segments_one():
+    a, b = _fp8_operands(3, 8, 128, seed=13, ue8m0=False)
+    d = poison(3, 8, dtype=torch.float32)
+    assert ng.gemm_dense("t", a.data, a.scale, 128, b.data, b.scale, (128, 128), d, None, 128) in ("fma", "amx")
+    _close(d, _reference(dequantize_reference(a), dequantize_reference(b)))
+    with pytest.raises(ContractError, match="'b'"):
+        ng.gemm_dense("t", a.data, a.scale, 128, b.data[None], b.scale, (128, 128), d, None, 128)
+    with pytest.raises(ContractError, match="'sfb'"):
+        ng.gemm_dense("t", a.data, a.scale, 128, b.data, b.scale[None], (128, 128), d, None, 128)
+    with pytest.raises(ContractError, match="'a'"):
+        ng.gemm_dense("t", a.data.to("meta"), a.scale, 128, b.data, b.scale, (128, 128), d, None, 128)
+
+
+def test_the_packed_call_matches_the_library():
+    assert ng.LIB.get().pk_gemm_call_size() == ng._CALL.size
+
+
+def test_concurrent_calls_from_python_threads_each_get_their_own_arguments():
+    import sys
+    import threading
+    problems = [_fp8_operands(m, n, 256, seed=m * n, ue8m0=False) for m, n in ((1, 64), (3, 40), (2, 96), (4, 8))]
+    expected = []
+    for a, b in problems:
+        d = torch.empty(a.data.shape[0], b.data.shape[0])
+        ng.gemm_dense("t", a.data, a.scale, 128, b.data, b.scale, (128, 128), d, None, 256, engine="fma")
+        expected.append(d)
+    errors = []
+
+    def work(i):
+        a, b = problems[i]
+        for _ in range(1000):
+            d = poison(a.data.shape[0], b.data.shape[0], dtype=torch.float32)
+            ng.gemm_dense("t", a.data, a.scale, 128, b.data, b.scale, (128, 128), d, None, 256, engine="fma")
+            if not torch.equal(d, expected[i]):
+                errors.append(i)
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(problems))]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: between one thread's packing and its call too
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+
+
+@pytest.mark.parametrize("a_gran,b_gran", [(0, (128, 128)), (128, (128, 0)), (-1, (128, 128))])
+def test_granularities_below_one_are_refused_before_scales_are_sized_from_them(a_gran, b_gran):
+    a, b = _fp8_operands(2, 8, 128, seed=14, ue8m0=False)
+    with pytest.raises(ContractError, match="granularity"):
+        ng.gemm_dense("t", a.data, a.scale, a_gran, b.data, b.scale, b_gran, torch.empty(2, 8), None, 128)

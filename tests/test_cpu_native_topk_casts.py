@@ -174,3 +174,89 @@ def test_casts_refuse_nonfinite_blocks_when_scales_are_powers_of_two():
         nc.swiglu_cast(x, 128, True)
     q, s = nc.cast_fp8(x, (1, 128), False)  # without UE8M0 the Inf stays in its block
     assert bool(torch.isinf(s[0, 0])) and bool(torch.isfinite(s[1]).all())
+
+
+# -- the small-call path: packed arguments, outputs from templates ---------------------------------------
+
+@needs_topk
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_topk_agrees_with_torch_topk(ties, dtype):
+    # one row of 1024, k=8 (the decode shape): the same values as torch.topk in sorted order, and
+    # indices that point at them (ties may pick other equal elements, so indices are checked by value)
+    for seed in range(20):
+        x = randn(1, 1024, seed=seed)
+        if ties:
+            x = (x * 2).round()  # few distinct values: many ties at the k-th
+        x = x.to(dtype)
+        values, indices = nt.topk_native(x, 8, sorted=True)
+        expected, _ = torch.topk(x, 8)
+        assert torch.equal(values, expected)
+        assert torch.equal(x[0, indices[0]], values[0])
+        assert indices[0].unique().numel() == 8
+        _check_topk(x, 8, None, values, indices, True)
+
+
+@needs_topk
+def test_topk_outputs_are_new_contiguous_tensors_on_every_call():
+    x = randn(1, 1024, seed=4)
+    first = nt.topk_native(x, 8)
+    second = nt.topk_native(x, 8)
+    for a, b in zip(first, second):
+        assert a.is_contiguous() and a.shape == (1, 8)
+        assert a.data_ptr() != b.data_ptr()
+        assert torch.equal(a, b)
+    values, indices = nt.topk_native(randn(3, 50, seed=5), 60, indices_type=torch.int32, idx_oob_fill_value=-1)
+    assert values.shape == indices.shape == (3, 60) and indices.dtype == torch.int32 and indices.is_contiguous()
+    assert bool((indices[:, 50:] == -1).all())
+
+
+@needs_topk
+def test_topk_refuses_a_fill_that_is_not_an_int64():
+    x = randn(1, 16, seed=1)
+    for fill in (2**63, 1.5, None):
+        with pytest.raises(ContractError, match="'idx_oob_fill_value'"):
+            nt.topk_native(x, 2, idx_oob_fill_value=fill)
+
+
+@needs_topk
+def test_the_packed_topk_call_matches_the_library():
+    assert nt.LIB.get().pk_topk_call_size() == nt._CALL.size
+
+
+@needs_topk
+def test_concurrent_topk_calls_from_python_threads():
+    import sys
+    import threading
+    inputs = [randn(1 + i, 1000 + 37 * i, seed=i) for i in range(4)]
+    expected = [nt.topk_native(x, 8 + i, sorted=True) for i, x in enumerate(inputs)]
+    errors = []
+
+    def work(i):
+        for _ in range(2000):
+            values, indices = nt.topk_native(inputs[i], 8 + i, sorted=True)
+            if not (torch.equal(values, expected[i][0]) and torch.equal(indices, expected[i][1])):
+                errors.append(i)
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: between one thread's packing and its call too
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+
+
+@needs_topk
+def test_a_negative_zero_fill_keeps_its_sign_after_a_positive_zero_fill():
+    x = randn(1, 4, seed=6)
+    for dtype, bits in ((torch.float32, torch.int32), (torch.bfloat16, torch.int16)):
+        for fill in (0.0, -0.0, 0.0):
+            values, _ = nt.topk_native(x.to(dtype), 6, value_oob_fill_value=fill)
+            expected = torch.tensor([fill], dtype=dtype).view(bits)
+            assert bool((values[0, 4:].view(bits) == expected).all())

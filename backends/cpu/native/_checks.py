@@ -35,18 +35,29 @@ def contiguous(op: str, arg: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def row_stride(op: str, arg: str, t: torch.Tensor) -> int:
+def is_plain(t: Any, dtypes: tuple[torch.dtype, ...], shape: tuple[int, ...]) -> bool:
+    """t is a contiguous CPU tensor of one of `dtypes` and of `shape`: the common case, read in a few
+    attribute accesses. When False, callers run `tensor` and `contiguous`, which raise the error
+    naming what is wrong."""
+    return (isinstance(t, torch.Tensor) and t.dtype in dtypes and t.is_cpu and t.shape == shape
+            and t.is_contiguous())
+
+
+def row_stride(op: str, arg: str, t: torch.Tensor, shape: tuple[int, ...] | None = None) -> int:
     """Row stride (elements) of a K-major operand: a 2-D [rows, K] tensor with unit stride along K
-    and non-overlapping rows (a slice of a wider buffer is fine); other ranks must be contiguous."""
-    if t.dim() != 2:
+    and non-overlapping rows (a slice of a wider buffer is fine); other ranks must be contiguous.
+    shape: t.shape when the caller has read it already."""
+    if shape is None:
+        shape = t.shape
+    if len(shape) != 2:
         contiguous(op, arg, t)
-        return t.shape[-1]
-    if t.shape[1] > 1 and t.stride(1) != 1:
-        fail(op, arg, f"with strides {t.stride()}", "unit stride along K (K-major)", f"pass {arg}.contiguous()")
-    row = t.stride(0) if t.shape[0] > 1 else t.shape[1]
-    if row < t.shape[1]:
-        fail(op, arg, f"with row stride {row} < K = {t.shape[1]}", "rows that do not overlap",
-             f"pass {arg}.contiguous()")
+        return shape[-1]
+    (rows, k), strides = shape, t.stride()
+    if k > 1 and strides[1] != 1:
+        fail(op, arg, f"with strides {strides}", "unit stride along K (K-major)", f"pass {arg}.contiguous()")
+    row = strides[0] if rows > 1 else k
+    if row < k:
+        fail(op, arg, f"with row stride {row} < K = {k}", "rows that do not overlap", f"pass {arg}.contiguous()")
     return row
 
 

@@ -77,6 +77,11 @@ void dequant_row(const void* src, int kind, const float* scale, int64_t g, int64
   for (int64_t k = K; k < k_pad; ++k) out[k] = 0.0f;
 }
 
+// Whether sf·2^8 is exact (it is unless it overflows): then (v·2^-8)·(sf·2^8), with v·2^-8 exact
+// (the fp16 conversion's output), is the real product v·sf rounded once — bit for bit the reference's
+// v·sf, in one multiply instead of two. Zeros, infinities and NaN behave alike both ways.
+inline bool scale256_exact(float sf) { return !(std::isinf(sf * 256.0f) && !std::isinf(sf)); }
+
 // Same as dequant_row for B tiles, without the per-element branch on the fp4 path when possible.
 inline void dequant_b_row(const uint8_t* row_bytes, int kind, const float* scale, int64_t g, int64_t k0,
                           int64_t k1, float* out) {
@@ -101,6 +106,12 @@ inline void dequant_b_row(const uint8_t* row_bytes, int kind, const float* scale
     int64_t k = b0;
     if (kind == kFp8) {
 #if defined(__AVX512F__)
+      if (scale256_exact(sf)) {  // (v·2^-8)·(sf·2^8): one multiply, the same rounding as v·sf
+        const __m512 vs = _mm512_set1_ps(sf * 256.0f);
+        for (; k + 16 <= b1; k += 16)
+          _mm512_storeu_ps(out + (k - k0), _mm512_mul_ps(pk::fp8x16_to_f32_scaled(_mm_loadu_si128(
+                                                             reinterpret_cast<const __m128i*>(row_bytes + k))), vs));
+      }
       const __m512 vs = _mm512_set1_ps(sf);
       for (; k + 16 <= b1; k += 16) {
         __m512 v = pk::fp8x16_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row_bytes + k)));
@@ -218,76 +229,224 @@ inline void write_out(const Output& o, int64_t r, int64_t n, float v) {
     static_cast<float*>(o.d)[r * o.ld + n] = v;
 }
 
+#if defined(__AVX512F__)
+#define PK_FMA_DIRECT 1
+// R <= MR rows of A against NR B rows over elements [k0, k1), B dequantized in registers instead of
+// into a tile: the same values as dequant_b_row, the same lanes (element k0 + 16i + l in lane l, +0
+// past K like the tile's padding), the same fmadd order and the same sums as fma_block over the tile,
+// so the bytes equal the tile path's; what is gone is the tile's store and reload, which for a few
+// rows cost as much as the math. KIND: kFp8 (scale blocks of g elements, g a multiple of 16, k0 a
+// multiple of g) or kBf16. rows[j] / scales[j]: B row j's bytes and its scale row (fp8).
+template <int R, int KIND>
+void fma_direct(const float* Ab, int64_t lda, const uint8_t* const* rows, const float* const* scales, int64_t g,
+                int64_t k0, int64_t k1, float* out, int64_t ldo) {
+  __m512 c[R][NR];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NR; ++j) c[i][j] = _mm512_setzero_ps();
+  const int64_t span = KIND == kFp8 ? g : k1 - k0;  // elements sharing one scale
+  for (int64_t kb = k0; kb < k1; kb += span) {
+    const int64_t ke = std::min(k1, kb + span);
+    __m512 mul[NR], sf[NR];
+    bool split = false;  // some sf·2^8 overflows: that block multiplies by 2^8 and sf separately
+    if (KIND == kFp8)
+      for (int j = 0; j < NR; ++j) {
+        const float s = scales[j][kb / g];
+        split |= !scale256_exact(s);
+        mul[j] = _mm512_set1_ps(s * 256.0f);
+        sf[j] = _mm512_set1_ps(s);
+      }
+    auto step = [&](int64_t k, __mmask16 m) __attribute__((always_inline)) {
+      __m512 b[NR];
+      for (int j = 0; j < NR; ++j) {
+        if (KIND == kFp8) {
+          const __m512 v = pk::fp8x16_to_f32_scaled(_mm_maskz_loadu_epi8(m, rows[j] + k));
+          b[j] = split ? _mm512_maskz_mul_ps(m, _mm512_mul_ps(v, _mm512_set1_ps(256.0f)), sf[j])
+                       : _mm512_maskz_mul_ps(m, v, mul[j]);
+        } else {
+          b[j] = pk::bf16x16_to_f32(_mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(rows[j]) + k));
+        }
+      }
+      for (int i = 0; i < R; ++i) {
+        const __m512 av = _mm512_loadu_ps(Ab + i * lda + (k - k0));
+        for (int j = 0; j < NR; ++j) c[i][j] = _mm512_fmadd_ps(av, b[j], c[i][j]);
+      }
+    };
+    int64_t k = kb;
+    for (; k + 16 <= ke; k += 16) step(k, __mmask16(0xFFFF));
+    if (k < ke) step(k, __mmask16((1u << (ke - k)) - 1));  // the last vector of K
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NR; ++j) out[i * ldo + j] += _mm512_reduce_add_ps(c[i][j]);
+}
+#endif
+
+// What every task of one fma_engine call shares.
+struct FmaCall {
+  const Operand& a;
+  const Operand& b;
+  const Output& o;
+  const Seg* segs;
+  const int64_t* first;  // first[s]: segment s's first row in A
+  const float* A;        // A rows dequantized, [sum rows, k_pad]
+  int64_t N, K, k_pad, ranges, kc_step;
+  bool direct;           // segments of <= MR rows dequantize B in registers (fma_direct)
+};
+
+// A thread's scratch, kept between calls so that small calls allocate nothing once warm; a buffer
+// that grew past kKeep floats (a large call) is given back after the call.
+struct FmaScratch {
+  static constexpr size_t kKeep = size_t(1) << 16;
+  std::vector<float> tile, part, rows;
+  void trim() {
+    for (auto* v : {&tile, &part, &rows})
+      if (v->capacity() > kKeep) std::vector<float>().swap(*v);
+  }
+};
+
+FmaScratch& fma_scratch() {
+  static thread_local FmaScratch scratch;
+  return scratch;
+}
+
+// One task = (segment, range of NRANGE columns): its B rows are read once, chunk by chunk.
+void fma_task(const FmaCall& p, int64_t t, FmaScratch& sc) {
+  const Operand& b = p.b;
+  const int64_t s = t / p.ranges;
+  const Seg& seg = p.segs[s];
+  if (seg.rows == 0) return;
+  const int64_t N = p.N, K = p.K, k_pad = p.k_pad;
+  const int64_t c0 = (t % p.ranges) * NRANGE, c1 = std::min(N, c0 + NRANGE), cols = c1 - c0;
+  const uint8_t* bg = b.data + seg.group * b.group_bytes;
+  const float* sg = b.scale ? b.scale + seg.group * b.group_scale : nullptr;
+  const int64_t ldp = round_up(cols, NR);
+  sc.part.assign(static_cast<size_t>(seg.rows * ldp), 0.0f);
+  float* part = sc.part.data();
+#ifdef PK_FMA_DIRECT
+  if (p.direct && seg.rows <= MR) {
+    for (int64_t k0 = 0; k0 < K; k0 += p.kc_step) {
+      const int64_t k1 = std::min(K, k0 + p.kc_step);
+      const float* Ab = p.A + p.first[s] * k_pad + k0;
+      for (int64_t n0 = c0; n0 < c1; n0 += NR) {
+        const uint8_t* rows[NR];
+        const float* scales[NR];
+        for (int j = 0; j < NR; ++j) {
+          const int64_t n = n0 + j < c1 ? n0 + j : n0;  // past the range: a valid row, sums land in padding
+          rows[j] = bg + n * b.row_bytes;
+          scales[j] = sg ? sg + (n / b.gran_mn) * b.scale_ld : nullptr;
+        }
+        float* out = part + (n0 - c0);
+        const bool fp8 = b.kind == kFp8;
+        switch (seg.rows) {
+#define PK_DIRECT(R)                                                                                   \
+  case R:                                                                                             \
+    if (fp8)                                                                                          \
+      fma_direct<R, kFp8>(Ab, k_pad, rows, scales, b.gran_k, k0, k1, out, ldp);                       \
+    else                                                                                              \
+      fma_direct<R, kBf16>(Ab, k_pad, rows, scales, b.gran_k, k0, k1, out, ldp);                      \
+    break;
+          PK_DIRECT(1)
+          PK_DIRECT(2)
+          PK_DIRECT(3)
+          PK_DIRECT(4)
+#undef PK_DIRECT
+          default: break;
+        }
+      }
+    }
+    for (int64_t i = 0; i < seg.rows; ++i)
+      for (int64_t n = c0; n < c1; ++n) write_out(p.o, seg.row + i, n, part[i * ldp + (n - c0)]);
+    return;
+  }
+#endif
+  const int64_t width_max = round_up(std::min(p.kc_step, K), VL);
+  sc.tile.resize(static_cast<size_t>(NR * width_max));
+  float* tile = sc.tile.data();
+  for (int64_t k0 = 0; k0 < K; k0 += p.kc_step) {
+    const int64_t k1 = std::min(K, k0 + p.kc_step);
+    const int64_t width = round_up(k1 - k0, VL);
+    const float* Ab = p.A + p.first[s] * k_pad + k0;
+    for (int64_t n0 = c0; n0 < c1; n0 += NR) {
+      const int64_t nr = std::min<int64_t>(NR, c1 - n0);
+      for (int j = 0; j < NR; ++j) {
+        float* dst = tile + j * width;
+        if (j < nr) {
+          const int64_t n = n0 + j;
+          dequant_b_row(bg + n * b.row_bytes, b.kind, sg ? sg + (n / b.gran_mn) * b.scale_ld : nullptr, b.gran_k,
+                        k0, k1, dst);
+          std::fill(dst + (k1 - k0), dst + width, 0.0f);
+        } else {
+          std::fill(dst, dst + width, 0.0f);
+        }
+      }
+      float* out = part + (n0 - c0);
+      int64_t m = 0;
+      for (; m + MR <= seg.rows; m += MR) fma_block<MR>(Ab + m * k_pad, k_pad, tile, width, width, out + m * ldp, ldp);
+      switch (seg.rows - m) {
+        case 3: fma_block<3>(Ab + m * k_pad, k_pad, tile, width, width, out + m * ldp, ldp); break;
+        case 2: fma_block<2>(Ab + m * k_pad, k_pad, tile, width, width, out + m * ldp, ldp); break;
+        case 1: fma_block<1>(Ab + m * k_pad, k_pad, tile, width, width, out + m * ldp, ldp); break;
+        default: break;
+      }
+    }
+  }
+  for (int64_t i = 0; i < seg.rows; ++i)
+    for (int64_t n = c0; n < c1; ++n) write_out(p.o, seg.row + i, n, part[i * ldp + (n - c0)]);
+}
+
+// Whether the fma engine may dequantize this B in registers (fma_direct): AVX-512 builds, fp8 with
+// scale blocks of whole vectors, or bf16 (e2m1 keeps the tile path).
+inline bool direct_ok(const Operand& b) {
+#if defined(PK_FMA_DIRECT)
+  return b.kind == kBf16 || (b.kind == kFp8 && b.gran_k % 16 == 0);
+#else
+  (void)b;
+  return false;
+#endif
+}
+
+// Small problems (work below this many multiply-adds) run on the calling thread without entering
+// an OpenMP region: a region costs more than they do.
+constexpr double kFmaSerialWork = 4.0e6;
+
 void fma_engine(const Operand& a, const Operand& b, const Output& o, const Seg* segs, int64_t nsegs, int64_t N,
-                int64_t K, int nthreads) {
+                int64_t K, int nthreads, bool direct) {
   const int64_t k_pad = round_up(K, VL);
-  // A rows of every segment, dequantized once: [sum rows, k_pad] (zero past K)
+  FmaScratch& caller = fma_scratch();
+  // first[s]: segment s's first row among the dequantized A rows [sum rows, k_pad] (zero past K)
   std::vector<int64_t> first(nsegs + 1, 0);
   for (int64_t s = 0; s < nsegs; ++s) first[s + 1] = first[s] + segs[s].rows;
   const int64_t total_rows = first[nsegs];
   if (total_rows == 0 || N == 0) return;
-  std::vector<float> A(static_cast<size_t>(total_rows * k_pad));
+  caller.rows.resize(static_cast<size_t>(total_rows * k_pad));
+  float* A = caller.rows.data();
   const int64_t ranges = (N + NRANGE - 1) / NRANGE;
   const int64_t tasks = nsegs * ranges;
-  // small problems run on the calling thread: a parallel region costs more than they do
+  const int64_t kc_step = b.kind == kBf16 ? KC : std::max(b.gran_k, KC / b.gran_k * b.gran_k);
+  const FmaCall p{a, b, o, segs, first.data(), A, N, K, k_pad, ranges, kc_step, direct && direct_ok(b)};
+  auto dequant_a = [&](int64_t i) {
+    const int64_t s = std::upper_bound(first.begin(), first.end(), i) - first.begin() - 1;
+    const int64_t r = segs[s].row + (i - first[s]);
+    dequant_row(a.data + r * a.row_bytes, a.kind, a.scale ? a.scale + r * a.scale_ld : nullptr, a.gran_k, K, k_pad,
+                A + i * k_pad);
+  };
   const double work = double(total_rows) * double(N) * double(K);
-  const int threads = work < 4.0e6 ? 1 : std::max<int>(1, std::min<int64_t>(nthreads, std::max(tasks, total_rows)));
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+  const int threads =
+      work < kFmaSerialWork ? 1 : std::max<int>(1, std::min<int64_t>(nthreads, std::max(tasks, total_rows)));
+  if (threads == 1) {
+    for (int64_t i = 0; i < total_rows; ++i) dequant_a(i);
+    for (int64_t t = 0; t < tasks; ++t) fma_task(p, t, caller);
+  } else {
+#pragma omp parallel num_threads(threads)
+    {
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < total_rows; ++i) {
-      int64_t s = std::upper_bound(first.begin(), first.end(), i) - first.begin() - 1;
-      const int64_t r = segs[s].row + (i - first[s]);
-      dequant_row(a.data + r * a.row_bytes, a.kind, a.scale ? a.scale + r * a.scale_ld : nullptr, a.gran_k, K,
-                  k_pad, A.data() + i * k_pad);
-    }
-    const int64_t kc_step = b.kind == kBf16 ? KC : std::max(b.gran_k, KC / b.gran_k * b.gran_k);
-    const int64_t width_max = round_up(std::min(kc_step, K), VL);
-    std::vector<float> tile(static_cast<size_t>(NR * width_max));
-    std::vector<float> part;
-    // a task = (segment, range of NRANGE columns): B rows of the range are read once, chunk by chunk
+      for (int64_t i = 0; i < total_rows; ++i) dequant_a(i);
+      FmaScratch& mine = fma_scratch();
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t s = t / ranges;
-      const Seg& seg = segs[s];
-      if (seg.rows == 0) continue;
-      const int64_t c0 = (t % ranges) * NRANGE, c1 = std::min(N, c0 + NRANGE), cols = c1 - c0;
-      const uint8_t* bg = b.data + seg.group * b.group_bytes;
-      const float* sg = b.scale ? b.scale + seg.group * b.group_scale : nullptr;
-      const int64_t ldp = round_up(cols, NR);
-      part.assign(static_cast<size_t>(seg.rows * ldp), 0.0f);
-      for (int64_t k0 = 0; k0 < K; k0 += kc_step) {
-        const int64_t k1 = std::min(K, k0 + kc_step);
-        const int64_t width = round_up(k1 - k0, VL);
-        const float* Ab = A.data() + first[s] * k_pad + k0;
-        for (int64_t n0 = c0; n0 < c1; n0 += NR) {
-          const int64_t nr = std::min<int64_t>(NR, c1 - n0);
-          for (int j = 0; j < NR; ++j) {
-            float* dst = tile.data() + j * width;
-            if (j < nr) {
-              const int64_t n = n0 + j;
-              dequant_b_row(bg + n * b.row_bytes, b.kind, sg ? sg + (n / b.gran_mn) * b.scale_ld : nullptr,
-                            b.gran_k, k0, k1, dst);
-              std::fill(dst + (k1 - k0), dst + width, 0.0f);
-            } else {
-              std::fill(dst, dst + width, 0.0f);
-            }
-          }
-          float* out = part.data() + (n0 - c0);
-          int64_t m = 0;
-          for (; m + MR <= seg.rows; m += MR) fma_block<MR>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp);
-          switch (seg.rows - m) {
-            case 3: fma_block<3>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp); break;
-            case 2: fma_block<2>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp); break;
-            case 1: fma_block<1>(Ab + m * k_pad, k_pad, tile.data(), width, width, out + m * ldp, ldp); break;
-            default: break;
-          }
-        }
-      }
-      for (int64_t i = 0; i < seg.rows; ++i)
-        for (int64_t n = c0; n < c1; ++n) write_out(o, seg.row + i, n, part[i * ldp + (n - c0)]);
+      for (int64_t t = 0; t < tasks; ++t) fma_task(p, t, mine);
+      if (&mine != &caller) mine.trim();
     }
   }
+  caller.trim();
 }
 
 
@@ -754,21 +913,35 @@ void amx_small_engine(const Operand& a, const Operand& b, const Output& o, const
 
 // ---- C ABI -----------------------------------------------------------------------------------------
 
-// D[rows of each segment] = C + A·B[group]ᵀ with the fma engine. Shapes: A rows of K elements
-// (a_row_bytes apart), sfa [rows, ceil(K/a_gran_k)] (a_scale_ld apart) or null; B [G, N, K]
-// (b_group_bytes / b_row_bytes apart), sfb [G, ceil(N/b_gran_n), ceil(K/b_gran_k)] or null;
-// D and C [rows, N] (ld N). segs: int64 [nsegs, 3] = (first row, rows, group).
-PK_EXPORT void pk_gemm_fma(const void* a, int a_kind, const float* sfa, int64_t a_gran_k, int64_t a_row_bytes,
-                           int64_t a_scale_ld, const void* b, int b_kind, const float* sfb, int64_t b_gran_n,
-                           int64_t b_gran_k, int64_t b_row_bytes, int64_t b_scale_ld, int64_t b_group_bytes,
-                           int64_t b_group_scale, void* d, int d_bf16, const void* c, int c_bf16,
-                           const int64_t* segs, int64_t nsegs, int64_t N, int64_t K, int nthreads) {
-  Operand A{static_cast<const uint8_t*>(a), a_kind, sfa, 1, a_gran_k, a_row_bytes, a_scale_ld, 0, 0};
-  Operand B{static_cast<const uint8_t*>(b), b_kind, sfb, b_gran_n, b_gran_k, b_row_bytes, b_scale_ld,
-            b_group_bytes, b_group_scale};
-  Output O{d, d_bf16, c, c_bf16, N};
-  fma_engine(A, B, O, reinterpret_cast<const Seg*>(segs), nsegs, N, K, pk::thread_count(nthreads));
-}
+// One GEMM call's arguments, packed by the Python wrapper (gemm.py, `_CALL`: 29 native int64 words,
+// pointers as addresses) into a per-thread buffer, so a call crosses ctypes with one pointer instead
+// of 27 converted arguments. Shapes: A rows of K elements (a_row_bytes apart), sfa [rows,
+// ceil(K/a_gran_k)] (a_scale_ld apart) or null; B [G, N, K] (b_group_bytes / b_row_bytes apart), sfb
+// [G, ceil(N/b_gran_n), ceil(K/b_gran_k)] or null; D and C [M, N] (ld N). segs: int64 [nsegs, 3] =
+// (first row, rows, group), or null for the one dense segment (0, m, 0). engine: 0 fma, 1 amx (promo:
+// K elements per promotion, a multiple of 32 dividing the scaled operands' K granularities; fold_b:
+// e2m1 B with power-of-two scales folded into the values, not promoted).
+struct GemmCall {
+  const uint8_t* a;
+  int64_t a_kind;
+  const float* sfa;
+  int64_t a_gran_k, a_row_bytes, a_scale_ld;
+  const uint8_t* b;
+  int64_t b_kind;
+  const float* sfb;
+  int64_t b_gran_n, b_gran_k, b_row_bytes, b_scale_ld, b_group_bytes, b_group_scale;
+  void* d;
+  int64_t d_bf16;
+  const void* c;
+  int64_t c_bf16;
+  const int64_t* segs;
+  int64_t nsegs, m, N, K, engine, promo, fold_b, threads;
+  int64_t fma_tile;  // 1: the fma engine dequantizes B into tiles for every segment (tests compare paths)
+};
+static_assert(sizeof(void*) == 8 && sizeof(GemmCall) == 29 * 8, "GemmCall is 29 int64 words (gemm.py packs it)");
+
+// Size of GemmCall in bytes (the wrapper checks it matches what it packs).
+PK_EXPORT int64_t pk_gemm_call_size() { return sizeof(GemmCall); }
 
 PK_EXPORT int pk_gemm_vector_length() { return VL; }
 
@@ -781,29 +954,29 @@ PK_EXPORT int pk_amx_available() {
 #endif
 }
 
-// D[rows of each segment] = C + A·B[group]ᵀ with the amx engine: arguments as pk_gemm_fma, plus
-// Returns 0, or -1 when this build or CPU has no AMX (nothing was run).
-// promo (K elements per promotion: a multiple of 32 dividing the scaled operands' K granularities)
-// and fold_b (e2m1 B with power-of-two scales: they are folded into the values, not promoted).
-PK_EXPORT int pk_gemm_amx(const void* a, int a_kind, const float* sfa, int64_t a_gran_k, int64_t a_row_bytes,
-                           int64_t a_scale_ld, const void* b, int b_kind, const float* sfb, int64_t b_gran_n,
-                           int64_t b_gran_k, int64_t b_row_bytes, int64_t b_scale_ld, int64_t b_group_bytes,
-                           int64_t b_group_scale, void* d, int d_bf16, const void* c, int c_bf16,
-                           const int64_t* segs, int64_t nsegs, int64_t N, int64_t K, int64_t promo, int fold_b,
-                           int nthreads) {
+// D[rows of each segment] = C + A·B[group]ᵀ with the engine `p->engine`. Returns 0, or -1 when the amx
+// engine was asked for and this build or CPU has no AMX (nothing was run).
+PK_EXPORT int pk_gemm(const GemmCall* p) {
+  const Operand A{p->a, int(p->a_kind), p->sfa, 1, p->a_gran_k, p->a_row_bytes, p->a_scale_ld, 0, 0};
+  const Operand B{p->b, int(p->b_kind), p->sfb, p->b_gran_n, p->b_gran_k, p->b_row_bytes, p->b_scale_ld,
+                  p->b_group_bytes, p->b_group_scale};
+  const Output O{p->d, int(p->d_bf16), p->c, int(p->c_bf16), p->N};
+  const Seg dense{0, p->m, 0};
+  const Seg* sg = p->segs ? reinterpret_cast<const Seg*>(p->segs) : &dense;
+  const int64_t nsegs = p->segs ? p->nsegs : 1;
+  const int threads = pk::thread_count(int(p->threads));
+  if (p->engine == 0) {
+    fma_engine(A, B, O, sg, nsegs, p->N, p->K, threads, p->fma_tile == 0);
+    return 0;
+  }
 #ifdef PK_HAVE_AMX_CODE
   if (!pk::amx_permitted()) return -1;  // never execute a tile instruction without the kernel's permission
-  Operand A{static_cast<const uint8_t*>(a), a_kind, sfa, 1, a_gran_k, a_row_bytes, a_scale_ld, 0, 0};
-  Operand B{static_cast<const uint8_t*>(b), b_kind, sfb, b_gran_n, b_gran_k, b_row_bytes, b_scale_ld,
-            b_group_bytes, b_group_scale};
-  Output O{d, d_bf16, c, c_bf16, N};
-  const Seg* sg = reinterpret_cast<const Seg*>(segs);
   int64_t most = 0;
   for (int64_t s = 0; s < nsegs; ++s) most = std::max(most, sg[s].rows);
   if (most <= 16)
-    amx_small_engine(A, B, O, sg, nsegs, N, K, promo, fold_b != 0, pk::thread_count(nthreads));
+    amx_small_engine(A, B, O, sg, nsegs, p->N, p->K, p->promo, p->fold_b != 0, threads);
   else
-    amx_engine(A, B, O, sg, nsegs, N, K, promo, fold_b != 0, pk::thread_count(nthreads));
+    amx_engine(A, B, O, sg, nsegs, p->N, p->K, p->promo, p->fold_b != 0, threads);
   return 0;
 #else
   return -1;

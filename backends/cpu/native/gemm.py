@@ -11,29 +11,47 @@ from __future__ import annotations
 
 import ctypes
 import math
+import struct
+import threading
 from pathlib import Path
 
 import torch
 
 from portable_kernels.native.build import I32, I64, PTR, NativeLibrary, num_threads, register_library
-from portable_kernels.tensors import PreparedTensor, cdiv
+from portable_kernels.tensors import PreparedTensor
 
 from .._names import BACKEND
 from . import _checks as chk
 from ._names import NATIVE
 
 LIB = register_library(NativeLibrary("cpu_gemm", Path(__file__).with_name("gemm.cpp"), {
-    "pk_gemm_fma": [PTR, I32, PTR, I64, I64, I64,            # a, kind, sfa, gran_k, row bytes, scale ld
-                    PTR, I32, PTR, I64, I64, I64, I64, I64, I64,  # b, kind, sfb, gran_n, gran_k, row bytes, scale ld, group bytes, group scale
-                    PTR, I32, PTR, I32,                      # d, d_bf16, c, c_bf16
-                    PTR, I64, I64, I64, I32],                # segs, nsegs, N, K, threads
-    "pk_gemm_amx": [PTR, I32, PTR, I64, I64, I64,
-                    PTR, I32, PTR, I64, I64, I64, I64, I64, I64,
-                    PTR, I32, PTR, I32,
-                    PTR, I64, I64, I64, I64, I32, I32],      # ..., K, promo, fold_b, threads
+    "pk_gemm": [PTR],                # one GemmCall (packed below)
+    "pk_gemm_call_size": [],
     "pk_amx_available": [],
     "pk_gemm_vector_length": [],
-}, returns={"pk_gemm_vector_length": I32, "pk_amx_available": I32, "pk_gemm_amx": I32}, owner=BACKEND))
+}, returns={"pk_gemm": I32, "pk_gemm_call_size": I64, "pk_gemm_vector_length": I32, "pk_amx_available": I32},
+    owner=BACKEND))
+
+#: gemm.cpp's GemmCall: 29 native 64-bit words (Q: an address, 0 for null; q: an integer), in its order
+_CALL = struct.Struct("=" + "".join((
+    "QqQqqq",        # a, a_kind, sfa, a_gran_k, a_row_bytes, a_scale_ld
+    "QqQqqqqqq",     # b, b_kind, sfb, b_gran_n, b_gran_k, b_row_bytes, b_scale_ld, b_group_bytes, b_group_scale
+    "QqQq",          # d, d_bf16, c, c_bf16
+    "Qqqqqqqqqq",    # segs, nsegs, m, N, K, engine, promo, fold_b, threads, fma_tile
+)))
+ENGINE_CODES = {"fma": 0, "amx": 1}
+
+
+class _CallBuffer(threading.local):
+    """This thread's GemmCall buffer: ctypes releases the GIL during the call, so threads that run
+    GEMMs at the same time each pack into their own (allocated once per thread, never per call)."""
+
+    def __init__(self) -> None:
+        self.raw = ctypes.create_string_buffer(_CALL.size)
+        self.address = ctypes.addressof(self.raw)
+
+
+_buffer = _CallBuffer()
 
 FP8 = torch.float8_e4m3fn
 KIND_FP8, KIND_BF16, KIND_FP4 = 0, 1, 2
@@ -48,19 +66,17 @@ def dense_segments(m: int) -> torch.Tensor:
     return torch.tensor([[0, m, 0]], dtype=torch.int64)
 
 
-#: the one segment of a dense GEMM, as a C array (no tensor to build or check per call)
-_Dense = ctypes.c_int64 * 3
+_KINDS = {FP8: KIND_FP8, torch.bfloat16: KIND_BF16, torch.uint8: KIND_FP4}
+_FP32 = (torch.float32,)
 
 
 def _kind(op: str, arg: str, data: torch.Tensor) -> int:
-    if data.dtype == FP8:
-        return KIND_FP8
-    if data.dtype == torch.bfloat16:
-        return KIND_BF16
-    if data.dtype == torch.uint8:
-        return KIND_FP4
-    chk.fail(op, arg, chk.describe(data), "fp8 e4m3, bf16, or uint8 (packed e2m1) data", "quantize the operand")
-    return -1
+    kind = _KINDS.get(getattr(data, "dtype", None))
+    if kind is None or not isinstance(data, torch.Tensor):
+        chk.fail(op, arg, chk.describe(data), "fp8 e4m3, bf16, or uint8 (packed e2m1) data", "quantize the operand")
+    if not data.is_cpu:
+        chk.fail(op, arg, f"on {data.device}", "a CPU tensor (the cpu backend's native kernels)", f"move {arg} to the CPU")
+    return kind
 
 
 def _check_scale(op: str, arg: str, scale: torch.Tensor | None, kind: int, shape: tuple[int, ...]) -> None:
@@ -68,8 +84,9 @@ def _check_scale(op: str, arg: str, scale: torch.Tensor | None, kind: int, shape
         if scale is not None:
             chk.fail(op, arg, "a scale for bf16 data", "None", "pass bf16 operands without scales")
         return
-    chk.tensor(op, arg, scale, (torch.float32,), shape, "pass the fp32 row-major block scales")
-    chk.contiguous(op, arg, scale)
+    if not chk.is_plain(scale, _FP32, shape):
+        chk.tensor(op, arg, scale, _FP32, shape, "pass the fp32 row-major block scales")
+        chk.contiguous(op, arg, scale)
 
 
 def _check_segments(op: str, segments: torch.Tensor, m: int, g: int) -> None:
@@ -87,7 +104,7 @@ def _check_segments(op: str, segments: torch.Tensor, m: int, g: int) -> None:
 def gemm_segments(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: int,
                   b: torch.Tensor, sfb: torch.Tensor | None, b_gran: tuple[int, int],
                   d: torch.Tensor, c: torch.Tensor | None, segments: torch.Tensor | None, k: int, *,
-                  engine: str = "auto", b_pow2: bool = False) -> str:
+                  engine: str = "auto", b_pow2: bool = False, fma_tile: bool = False) -> str:
     """D[rows of each segment] = C + A·B[group]ᵀ; returns the engine that ran ("fma" or "amx").
 
     a: fp8 or bf16 [M, K] (rows may be strided), sfa fp32 [M, ceil(K/a_gran_k)] or None for bf16
@@ -99,62 +116,100 @@ def gemm_segments(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: 
     engine: "fma" (dequantize B in L1, fp32 FMA), "amx" (raw bf16 tiles, per-block promotion) or
         "auto" (amx when this CPU has it and the granularities allow, else fma)
     b_pow2: every sfb is a power of two (e2m1 B: the amx engine then folds them into B's values)
+    fma_tile: the fma engine dequantizes B into L1 tiles for every segment (by default segments of
+        up to 4 rows dequantize it in registers; both give the same bytes, which tests compare)
     """
+    return _gemm(op, a, sfa, a_gran_k, b, sfb, b_gran, d, c, segments, k, engine, b_pow2, True, fma_tile)
+
+
+def gemm_dense(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: int,
+               b: torch.Tensor, sfb: torch.Tensor | None, b_gran: tuple[int, int],
+               d: torch.Tensor, c: torch.Tensor | None, k: int, *, engine: str = "auto",
+               b_pow2: bool = False) -> str:
+    """`gemm_segments` of one dense GEMM with b [N, K] and sfb [ceil(N/b_gran[0]), ceil(K/b_gran[1])]
+    (no group dim, no segments tensor: the providers' per-call path builds no views)."""
+    return _gemm(op, a, sfa, a_gran_k, b, sfb, b_gran, d, c, None, k, engine, b_pow2, False, False)
+
+
+def _gemm(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: int, b: torch.Tensor,
+          sfb: torch.Tensor | None, b_gran: tuple[int, int], d: torch.Tensor, c: torch.Tensor | None,
+          segments: torch.Tensor | None, k: int, engine: str, b_pow2: bool, grouped: bool, fma_tile: bool) -> str:
+    # A small call (1x256x256) takes a few µs in C++, so the checks are written to read each tensor
+    # attribute once (~0.1 µs apiece): a fast test of the common case, and on failure the
+    # descriptive check, which raises the error naming the argument.
     lib = LIB.get()
     if lib is None:
         raise RuntimeError(f"{op}: native gemm unavailable: {LIB.reason()}")
     ka, kb = _kind(op, "a", a), _kind(op, "b", b)
     if ka == KIND_FP4:
         chk.fail(op, "a", "packed e2m1 data", "fp8 or bf16 activations", "quantize a with per_token_cast_to_fp8")
-    if b.dim() != 3:
-        chk.fail(op, "b", f"{b.dim()}-D", "[G, N, K] (a dense weight is b[None])", "add the group dim")
-    chk.contiguous(op, "b", b)
-    g, n = b.shape[0], b.shape[1]
-    if a.dim() != 2 or a.shape[1] != k:
-        chk.fail(op, "a", f"of shape {tuple(a.shape)}", f"[M, K = {k}]", "pass A [M, K]")
-    if b.shape[2] != (k // 2 if kb == KIND_FP4 else k) or (kb == KIND_FP4 and k % 2):
-        chk.fail(op, "b", f"of shape {tuple(b.shape)}", f"[G, N, {k}] ({k // 2} bytes for packed e2m1)",
-                 "pass B [G, N, K] sharing A's K")
-    m = a.shape[0]
-    a_row = chk.row_stride(op, "a", a)
-    _check_scale(op, "sfa", sfa, ka, (m, cdiv(k, a_gran_k)))
+    b_shape = b.shape
+    if grouped:
+        if len(b_shape) != 3:
+            chk.fail(op, "b", f"{len(b_shape)}-D", "[G, N, K] (a dense weight is b[None])", "add the group dim")
+        g, n, kb_len = b_shape
+    else:
+        if len(b_shape) != 2:
+            chk.fail(op, "b", f"{len(b_shape)}-D", "[N, K]", "pass the dense weight [N, K]")
+        g, (n, kb_len) = 1, b_shape
+    if not b.is_contiguous():
+        chk.contiguous(op, "b", b)
+    a_shape = a.shape
+    if len(a_shape) != 2 or a_shape[1] != k:
+        chk.fail(op, "a", f"of shape {tuple(a_shape)}", f"[M, K = {k}]", "pass A [M, K]")
+    fp4 = kb == KIND_FP4
+    if kb_len != (k // 2 if fp4 else k) or (fp4 and k % 2):
+        chk.fail(op, "b", f"of shape {tuple(b_shape)}", f"[{'G, ' if grouped else ''}N, {k}] ({k // 2} bytes for "
+                 "packed e2m1)", f"pass B [{'G, ' if grouped else ''}N, K] sharing A's K")
+    m = a_shape[0]
+    a_row = chk.row_stride(op, "a", a, a_shape)
     gn, gk = b_gran
-    _check_scale(op, "sfb", sfb, kb, (g, cdiv(n, gn), cdiv(k, gk)))
-    for name, gran in (("a granularity", a_gran_k), ("b granularity", gk)):
-        if gran < 1 or (kb == KIND_FP4 and gran % 2):
-            chk.fail(op, name, gran, "a positive K granularity (even for e2m1)", "quantize with gran_k = 32 or 128")
-    chk.tensor(op, "d", d, OUT_DTYPES, (m, n), "allocate d [M, N] in bf16 or fp32")
-    chk.contiguous(op, "d", d)
-    if c is not None:
+    if a_gran_k < 1 or gk < 1 or (fp4 and (a_gran_k % 2 or gk % 2)):
+        for name, gran in (("a granularity", a_gran_k), ("b granularity", gk)):
+            if gran < 1 or (fp4 and gran % 2):
+                chk.fail(op, name, gran, "a positive K granularity (even for e2m1)", "quantize with gran_k = 32 or 128")
+    sfa_k, sfb_k, sfb_n = -(-k // a_gran_k), -(-k // gk), -(-n // gn)
+    _check_scale(op, "sfa", sfa, ka, (m, sfa_k))
+    _check_scale(op, "sfb", sfb, kb, (g, sfb_n, sfb_k) if grouped else (sfb_n, sfb_k))
+    d_dtype = d.dtype if isinstance(d, torch.Tensor) else None
+    if not (d_dtype in OUT_DTYPES and d.is_cpu and d.shape == (m, n) and d.is_contiguous()):
+        chk.tensor(op, "d", d, OUT_DTYPES, (m, n), "allocate d [M, N] in bf16 or fp32")
+        chk.contiguous(op, "d", d)
+    if c is not None and not chk.is_plain(c, OUT_DTYPES, (m, n)):
         chk.tensor(op, "c", c, OUT_DTYPES, (m, n), "pass c [M, N] in fp32 or d's dtype")
         chk.contiguous(op, "c", c)
     if segments is None:
-        seg_ptr, nsegs = _Dense(0, m, 0), 1
+        seg_ptr, nsegs = 0, 1
     else:
         _check_segments(op, segments, m, g)
         seg_ptr, nsegs = segments.data_ptr(), segments.shape[0]
-    fold = kb == KIND_FP4 and b_pow2
-    period = promotion_period(a_gran_k if sfa is not None else None, gk if (sfb is not None and not fold) else None)
-    if engine == "auto":
-        engine = "amx" if period is not None and amx_available() else "fma"
-    if engine == "amx" and (period is None or not amx_available()):
-        chk.fail(op, "engine", "'amx'", "an engine this CPU and these granularities allow",
-                 "use engine='fma' (AMX-BF16 missing, or K granularities not multiples of 32)")
-    if engine not in ("fma", "amx"):
-        chk.fail(op, "engine", repr(engine), "'auto', 'fma' or 'amx'", "pass one of those")
+    fold = fp4 and bool(b_pow2)
+    if engine == "fma":
+        period = 0  # the fma engine reads no promotion period
+    else:
+        period = promotion_period(a_gran_k if sfa is not None else None, gk if (sfb is not None and not fold) else None)
+        if engine == "auto":
+            engine = "amx" if period is not None and amx_available() else "fma"
+        if engine == "amx" and (period is None or not amx_available()):
+            chk.fail(op, "engine", "'amx'", "an engine this CPU and these granularities allow",
+                     "use engine='fma' (AMX-BF16 missing, or K granularities not multiples of 32)")
+        if engine not in ENGINE_CODES:
+            chk.fail(op, "engine", repr(engine), "'auto', 'fma' or 'amx'", "pass one of those")
     if m == 0 or n == 0 or nsegs == 0:
         return engine
-    elem_b = 1 if kb != KIND_BF16 else 2
-    common = (a.data_ptr(), ka, chk.ptr(sfa), a_gran_k, a_row * a.element_size(), 0 if sfa is None else sfa.shape[1],
-              b.data_ptr(), kb, chk.ptr(sfb), gn, gk, b.stride(1) * elem_b, 0 if sfb is None else sfb.shape[-1],
-              b.stride(0) * elem_b, 0 if sfb is None else sfb.shape[-1] * sfb.shape[-2],
-              d.data_ptr(), int(d.dtype == torch.bfloat16), chk.ptr(c),
-              int(c is not None and c.dtype == torch.bfloat16), seg_ptr, nsegs, n, k)
-    if engine == "amx":
-        if lib.pk_gemm_amx(*common, period, int(fold), num_threads()):
-            raise RuntimeError(f"{op}: the amx engine refused to run (no AMX tile permission)")
-    else:
-        lib.pk_gemm_fma(*common, num_threads())
+    row_b = kb_len * 2 if kb == KIND_BF16 else kb_len  # b is contiguous: rows of kb_len elements, groups of n rows
+    buf = _buffer
+    _CALL.pack_into(buf.raw, 0,
+                    a.data_ptr(), ka, 0 if sfa is None else sfa.data_ptr(), a_gran_k,
+                    a_row * 2 if ka == KIND_BF16 else a_row, 0 if sfa is None else sfa_k,
+                    b.data_ptr(), kb, 0 if sfb is None else sfb.data_ptr(), gn, gk, row_b,
+                    0 if sfb is None else sfb_k, n * row_b, 0 if sfb is None else sfb_k * sfb_n,
+                    d.data_ptr(), d_dtype == torch.bfloat16, 0 if c is None else c.data_ptr(),
+                    c is not None and c.dtype == torch.bfloat16,
+                    seg_ptr, nsegs, m, n, k, ENGINE_CODES[engine], period or 0, fold, num_threads(),
+                    1 if fma_tile else 0)
+    if lib.pk_gemm(buf.address):
+        raise RuntimeError(f"{op}: the amx engine refused to run (no AMX tile permission)")
     return engine
 
 
@@ -216,24 +271,19 @@ def _per_row_a(call) -> list[str]:
     return reasons
 
 
-def _quant_parts(t: PreparedTensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
-    return t.data, t.scale, tuple(t.storage_granularity)
-
-
 def fp8_gemm_nt_native(call) -> None:
     """GemmInputs with PLAIN e4m3 a, e4m3 (or e2m1) b: D = C + A·Bᵀ, exact per-block scaling."""
-    a, sfa, ga = _quant_parts(call.a)
-    b, sfb, gb = _quant_parts(call.b)
-    m = a.shape[0]
-    gemm_segments(FP8_OP, a, sfa, ga[1], b[None], sfb[None], gb, call.d, call.c, None, call.a.shape[-1],
-                  engine=_engine_for(m), b_pow2=call.b.ue8m0)
+    a, b = call.a, call.b
+    data = a.data
+    gemm_dense(FP8_OP, data, a.scale, a.storage_granularity[1], b.data, b.scale, tuple(b.storage_granularity),
+               call.d, call.c, a.shape[-1], engine=_engine_for(data.shape[0]), b_pow2=b.ue8m0)
 
 
 def bf16_gemm_nt_native(call) -> None:
     """GemmInputs with bf16 a, b: D = C + A·Bᵀ accumulated in fp32 (any d dtype, with c)."""
-    m = call.a.shape[0]
-    gemm_segments(BF16_OP, call.a, None, AMX_UNSCALED_PERIOD, call.b[None], None, (1, 1), call.d, call.c, None,
-                  call.a.shape[1], engine=_engine_for(m))
+    a = call.a
+    m, k = a.shape[0], a.shape[-1]
+    gemm_dense(BF16_OP, a, None, AMX_UNSCALED_PERIOD, call.b, None, (1, 1), call.d, call.c, k, engine=_engine_for(m))
 
 
 def bf16_gemm_nt_blas(call) -> None:

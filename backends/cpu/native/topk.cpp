@@ -257,16 +257,35 @@ int64_t topk_all(const void* input, bool bf16, int64_t b, int64_t n, int64_t row
 
 }  // namespace
 
+// One top-k call's arguments, packed by the Python wrapper (topk.py, `_CALL`: 14 native int64 words,
+// pointers as addresses) into a per-thread buffer, so a call crosses ctypes with one pointer.
 // input: fp32 or bf16 [b, n] with rows row_stride elements apart (unit stride inside a row);
 // end: int32 [b] or null; indices: int32/int64 [b, topk]; values: input's dtype [b, topk] or null;
-// value_fill: the fill's bits in input's dtype. Returns the number of rows holding NaN in their
-// valid range (their outputs are not written; the caller raises the contract's error).
-PK_EXPORT int64_t pk_topk(const void* input, int bf16, int64_t b, int64_t n, int64_t row_stride, const int32_t* end,
-                       int64_t topk, int sorted, void* indices, int idx64, int64_t idx_fill, void* values,
-                       uint32_t value_fill, int nthreads) {
-  if (idx64)
-    return topk_all<int64_t>(input, bf16 != 0, b, n, row_stride, end, topk, sorted != 0, static_cast<int64_t*>(indices),
-                      idx_fill, values, value_fill, pk::thread_count(nthreads));
-  return topk_all<int32_t>(input, bf16 != 0, b, n, row_stride, end, topk, sorted != 0, static_cast<int32_t*>(indices),
-                      int32_t(idx_fill), values, value_fill, pk::thread_count(nthreads));
+// value_fill: the fill's bits in input's dtype.
+struct TopkCall {
+  const void* input;
+  int64_t bf16, b, n, row_stride;
+  const int32_t* end;
+  int64_t topk, sorted;
+  void* indices;
+  int64_t idx64, idx_fill;
+  void* values;
+  int64_t value_fill, threads;
+};
+static_assert(sizeof(void*) == 8 && sizeof(TopkCall) == 14 * 8, "TopkCall is 14 int64 words (topk.py packs it)");
+
+// Size of TopkCall in bytes (the wrapper checks it matches what it packs).
+PK_EXPORT int64_t pk_topk_call_size() { return sizeof(TopkCall); }
+
+// Returns the number of rows holding NaN in their valid range (their outputs are not written; the
+// caller raises the contract's error).
+PK_EXPORT int64_t pk_topk(const TopkCall* p) {
+  const bool bf16 = p->bf16 != 0, sorted = p->sorted != 0;
+  const uint32_t value_fill = uint32_t(p->value_fill);
+  const int threads = pk::thread_count(int(p->threads));
+  if (p->idx64)
+    return topk_all<int64_t>(p->input, bf16, p->b, p->n, p->row_stride, p->end, p->topk, sorted,
+                             static_cast<int64_t*>(p->indices), p->idx_fill, p->values, value_fill, threads);
+  return topk_all<int32_t>(p->input, bf16, p->b, p->n, p->row_stride, p->end, p->topk, sorted,
+                           static_cast<int32_t*>(p->indices), int32_t(p->idx_fill), p->values, value_fill, threads);
 }
