@@ -4,12 +4,16 @@ declined — never an ImportError. Each case runs in a fresh process (the mode i
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 
-NEEDS_TRITON = False
+import pytest
+
+NEEDS_TRITON = False  # the broken-triton case runs without it; the other two need the real package
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 SCRIPT = textwrap.dedent("""
     import torch, portable_kernels as pk
@@ -41,6 +45,7 @@ def _run(env_update: dict, tmp_path, fake_triton: str | None = None) -> str:
     return proc.stdout
 
 
+@needs_triton
 def test_cpu_tensors_without_interpreter_mode_fall_back_with_the_reason(tmp_path):
     out = _run({}, tmp_path)
     assert "RAN layout-reference" in out and "TRITON_INTERPRET=1" in out
@@ -51,6 +56,7 @@ def test_a_broken_triton_is_a_reason_not_an_import_error(tmp_path):
     assert "RAN layout-reference" in out and "failed to import" in out and "no backend here" in out
 
 
+@needs_triton
 def test_interpreter_mode_runs_the_triton_kernels(tmp_path):
     out = _run({"TRITON_INTERPRET": "1"}, tmp_path)
     assert "RAN triton" in out and "REASON None" in out
