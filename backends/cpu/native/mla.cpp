@@ -114,14 +114,9 @@ inline void tile_config() {
 
 inline void tile_release() { _tile_release(); }
 
-// C (32 x 32 fp32 at c, ld floats) = A (2 row tiles, a_step apart, steps 1 KiB apart) · B (2 column
+// Tiles 0-3 (a 32 x 32 fp32 block) += A (2 row tiles, a_step apart, steps 1 KiB apart) · B (2 column
 // tiles, b_step apart) over `steps` K steps.
-inline void mm_2x2(const uint16_t* a, int64_t a_step, const uint16_t* b, int64_t b_step, int64_t steps, float* c,
-                   int64_t ld) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+inline void accumulate_2x2(const uint16_t* a, int64_t a_step, const uint16_t* b, int64_t b_step, int64_t steps) {
   for (int64_t s = 0; s < steps; ++s) {
     _tile_loadd(4, a + s * TILE, 64);
     _tile_loadd(5, a + a_step + s * TILE, 64);
@@ -132,37 +127,39 @@ inline void mm_2x2(const uint16_t* a, int64_t a_step, const uint16_t* b, int64_t
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
+}
+
+inline void zero_2x2() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+// Tiles 0-3 stored to c (32 x 32 fp32, ld floats).
+inline void store_2x2(float* c, int64_t ld) {
   _tile_stored(0, c, ld * 4);
   _tile_stored(1, c + 16, ld * 4);
   _tile_stored(2, c + 16 * ld, ld * 4);
   _tile_stored(3, c + 16 * ld + 16, ld * 4);
 }
 
+// C (32 x 32 fp32 at c, ld floats) = A · B (see accumulate_2x2).
+inline void mm_2x2(const uint16_t* a, int64_t a_step, const uint16_t* b, int64_t b_step, int64_t steps, float* c,
+                   int64_t ld) {
+  zero_2x2();
+  accumulate_2x2(a, a_step, b, b_step, steps);
+  store_2x2(c, ld);
+}
+
 // O block (32 x 32) of P·V with P = P_hi + P_lo (two bf16 terms, so P keeps ~16 significant bits):
 // the same V tiles multiply both terms.
 inline void pv_2x2(const uint16_t* hi, const uint16_t* lo, int64_t a_step, const uint16_t* b, int64_t b_step,
                    int64_t steps, float* c, int64_t ld) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int term = 0; term < 2; ++term) {
-    const uint16_t* a = term == 0 ? hi : lo;
-    for (int64_t s = 0; s < steps; ++s) {
-      _tile_loadd(4, a + s * TILE, 64);
-      _tile_loadd(5, a + a_step + s * TILE, 64);
-      _tile_loadd(6, b + s * TILE, 64);
-      _tile_loadd(7, b + b_step + s * TILE, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  _tile_stored(0, c, ld * 4);
-  _tile_stored(1, c + 16, ld * 4);
-  _tile_stored(2, c + 16 * ld, ld * 4);
-  _tile_stored(3, c + 16 * ld + 16, ld * 4);
+  zero_2x2();
+  accumulate_2x2(hi, a_step, b, b_step, steps);
+  accumulate_2x2(lo, a_step, b, b_step, steps);
+  store_2x2(c, ld);
 }
 
 #pragma GCC pop_options
