@@ -31,6 +31,7 @@ from .checks import _check_num_experts, _check_positive_int
 from .dispatch_layout import get_dispatch_layout as _layout
 from .events import EventHandle, EventOverlap, completed_event
 from .low_latency_exchange import AllToAllLowLatencyEngine, CallInfo, LowLatencyEngine
+from .mc2_engine import Mc2LowLatencyEngine, group_backend, torch_npu_module
 from .normal_exchange import plan_combine, plan_dispatch, run_combine, run_dispatch, stage_dispatch, staging_need
 from .results import DispatchHandle, LowLatencyHandle
 from .sizes import NUM_MAX_NVL_PEERS, Config, default_config, get_low_latency_rdma_size_hint, num_rdma_ranks
@@ -75,8 +76,10 @@ class Buffer:
     timeout: seconds (or a timedelta) each collective may take before EPTimeoutError; default
         $PK_EP_TIMEOUT_S or 300.
     transport: a custom Transport (default: TorchDistributedTransport(group, timeout)).
-    low_latency_engine: a custom LowLatencyEngine (default: all-to-all over the transport); the
-        seam for fused vendor collectives such as Ascend MC2.
+    low_latency_engine: a LowLatencyEngine, or a callable building one from this Buffer (e.g.
+        `Mc2LowLatencyEngine.factory(...)`); default: the Ascend MC2 engine (torch_npu's
+        dispatch_v2 / combine_v2) on an HCCL group where torch_npu imports, else all-to-all over
+        the transport.
     """
 
     num_sms: int = 20
@@ -85,7 +88,7 @@ class Buffer:
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False,
                  explicitly_destroy: bool = False, enable_shrink: bool = False, comm: Any = None, *,
                  timeout: float | datetime.timedelta | None = None, transport: Transport | None = None,
-                 low_latency_engine: LowLatencyEngine | None = None) -> None:
+                 low_latency_engine: LowLatencyEngine | Callable[["Buffer"], LowLatencyEngine] | None = None) -> None:
         op = "Buffer"
         if group is None:
             fix = ("mpi4py communicators are not supported; pass a torch.distributed ProcessGroup"
@@ -117,11 +120,19 @@ class Buffer:
         self.device = _default_device(group)
         self.transport: Transport = transport or TorchDistributedTransport(group, timeout)
         self._workspace = Workspace()
-        self.low_latency_engine: LowLatencyEngine = low_latency_engine or AllToAllLowLatencyEngine(
-            self.transport, lambda: self.num_rdma_bytes, self._workspace)
+        self.low_latency_engine: LowLatencyEngine = self._engine(low_latency_engine)
         self._seq = 0
         self._combine_buffers: dict[tuple[Any, ...], torch.Tensor] = {}
         self._destroyed = False
+
+    def _engine(self, given: Any) -> LowLatencyEngine:
+        """The given engine (or what a factory builds on this Buffer); by default the MC2 engine on an
+        HCCL group where torch_npu imports, else the all-to-all engine."""
+        if given is not None:
+            return given if hasattr(given, "dispatch") else given(self)
+        if "hccl" in group_backend(self.group) and torch_npu_module() is not None:
+            return Mc2LowLatencyEngine(self.group, self.transport, lambda: self.num_rdma_bytes, self._workspace)
+        return AllToAllLowLatencyEngine(self.transport, lambda: self.num_rdma_bytes, self._workspace)
 
     # ------------------------------------------------------------------ DeepEP's static helpers
 
