@@ -153,6 +153,8 @@ def _constraints(rank: int, num_ranks: int, group) -> dict:
                                                                                         rank, 4),
         "wrong rank id": lambda: dispatch(x, ids, name, num_ranks, (rank + 1) % num_ranks, 4),
         "unknown group": lambda: dispatch(x, ids, "no-such-group", num_ranks, rank, 4),
+        # last: it raises after a collective, which every rank reaches in the same order
+        "global_bs under max_bs * R": lambda: dispatch(x, ids, name, num_ranks, rank, 4, global_bs=num_ranks),
     }
     out = {}
     for key, call in calls.items():

@@ -4,7 +4,7 @@ HCCL communicator), converted to and from DeepEP's masked layout.
 
 What it relies on (facts and sources in docs/ep.md, "Ascend MC2"):
 - dispatch_v2(x bf16/fp16 [BS, H], expert_ids int32 [BS, K] (ids in [0, E), distinct per row),
-  group_ep, ep_world_size, ep_rank_id, moe_expert_num, quant_mode=0, global_bs=max_bs * R,
+  group_ep, ep_world_size, ep_rank_id, moe_expert_num, quant_mode=0, global_bs=M * R,
   expert_token_nums_type=1) -> (expand_x [A, H], dynamic_scales, assist_info_for_combine,
   expert_token_nums int64 [L], ep_recv_counts, tp_recv_counts, expand_scales); expand_x holds the
   received rows grouped by local expert, expert_token_nums[e] of them for expert e (how the
@@ -194,10 +194,10 @@ class Mc2LowLatencyEngine:
             self.paths.append("all_to_all")
             return self.fallback.dispatch(call, x, topk_idx, max_tokens, num_experts, use_fp8, round_scale, use_ue8m0)
         self.paths.append("mc2")
-        return self._dispatch_mc2(call, x, idx, active, max_tokens, num_experts, int(every[:, 5].max()))
+        return self._dispatch_mc2(call, x, idx, active, max_tokens, num_experts)
 
     def _dispatch_mc2(self, call: CallInfo, x: torch.Tensor, idx: torch.Tensor, active: torch.Tensor,
-                      max_tokens: int, num_experts: int, max_bs: int) -> tuple[Rows, torch.Tensor, LowLatencyHandle]:
+                      max_tokens: int, num_experts: int) -> tuple[Rows, torch.Tensor, LowLatencyHandle]:
         ranks, rank = self.transport.num_ranks, self.transport.rank
         local, hidden, num_topk = num_experts // ranks, x.shape[1], idx.shape[1]
         device = x.device
@@ -208,7 +208,9 @@ class Mc2LowLatencyEngine:
 
         tokens = active.nonzero().squeeze(1)
         expert_ids = idx[tokens].to(torch.int32)
-        global_bs = max_bs * ranks
+        # M * R: an upper bound of every rank's BS that stays the same from call to call (the docs
+        # require global_bs to be equal across layers; vLLM-Ascend passes max tokens per rank * R)
+        global_bs = max_tokens * ranks
         expand_x, _, assist, expert_token_nums, ep_recv_counts, tp_recv_counts, expand_scales = \
             self.npu.npu_moe_distribute_dispatch_v2(
                 x[tokens], expert_ids, self.group_name, ranks, rank, num_experts, quant_mode=0, global_bs=global_bs,

@@ -20,7 +20,8 @@ Documented constraints it raises StandInError on: dtypes and ranks of x / expert
 [0, moe_expert_num) and distinct per row, moe_expert_num % ep_world_size, K <= 16, 0 < BS, the
 per-chip limits (A2: ep_world_size 16/32/64, <= 24 local experts, H % 32 == 0 and H <= 7168,
 BS <= 256; A3: ep_world_size in [2, 384], H in [1024, 7168], BS <= 512), quant_mode in {0, 2},
-global_bs 0 or max_bs * ep_world_size, ep_rank_id equal to the rank in the group.
+global_bs 0 (equal BS on every rank) or at least max_bs * ep_world_size, ep_rank_id equal to the
+rank in the group.
 Not implemented (StandInError): quant_mode 2 (per-token int8), TP domains, shared and special
 experts, x_active_mask, elastic_info, comm_quant_mode != 0.
 """
@@ -121,7 +122,9 @@ class DispatchV2:
         require(bool((ids.sort(dim=1).values.diff(dim=1) != 0).all()), f"{op}: the K ids of a row are distinct")
         max_bs = torch.tensor([bs], dtype=torch.int64)
         dist.all_reduce(max_bs, dist.ReduceOp.MAX, group=group)
-        require(global_bs in (0, int(max_bs) * world), f"{op}: global_bs 0 or max_bs * ep_world_size")
+        # docs: max_bs * ep_world_size; an upper bound (vLLM-Ascend: max tokens per rank * R) is
+        # accepted, since global_bs must also stay the same across layers
+        require(global_bs == 0 or global_bs >= int(max_bs) * world, f"{op}: global_bs 0 or max_bs * ep_world_size")
         if global_bs == 0:
             sizes = torch.empty(world, dtype=torch.int64)
             dist.all_gather_into_tensor(sizes, torch.tensor([bs], dtype=torch.int64), group=group)
