@@ -91,9 +91,20 @@ def _compare(rank: int, num_ranks: int, group, cases) -> dict:
         assert a_out.dtype == b_out.dtype == torch.bfloat16 and a_out.shape == b_out.shape == (tokens, HIDDEN)
         nowhere = (idx < 0).all(dim=1)
         assert bool((b_out[nowhere] == 0).all()), f"{case}: a token routed nowhere came back non-zero"
-        out[case] = dict(paths=list(mc2.low_latency_engine.paths[-2:]), handle_type=type(b_handle).__name__,
+        out[case] = dict(paths=list(mc2.low_latency_engine.paths)[-2:], handle_type=type(b_handle).__name__,
                          diff=float((a_out.float() - b_out.float()).abs().max()),
                          scale=float(b_out.float().abs().max()), calc_diff=float(pk.calc_diff(a_out, b_out)))
+    # an MC2 dispatch combined from fp32 expert outputs (not an MC2 dtype): the all-to-all engine
+    # combines with the MC2 handle, on every rank
+    x = torch.randn(MAX_TOKENS, HIDDEN, generator=gen).bfloat16()
+    idx = _routing("full", MAX_TOKENS, 2 * num_ranks, 0, gen)
+    weights = torch.rand(idx.shape, generator=gen)
+    a_x, _, a_handle, _, _ = plain.low_latency_dispatch(x, idx, MAX_TOKENS, 2 * num_ranks, use_fp8=False)
+    _, _, b_handle, _, _ = mc2.low_latency_dispatch(x, idx, MAX_TOKENS, 2 * num_ranks, use_fp8=False)
+    a_out, _, _ = plain.low_latency_combine(a_x.float() * 3, idx, weights, a_handle)
+    b_out, _, _ = mc2.low_latency_combine(a_x.float() * 3, idx, weights, b_handle)
+    out["fp32 combine"] = dict(paths=list(mc2.low_latency_engine.paths)[-2:], equal=torch.equal(a_out, b_out),
+                               dtype=str(b_out.dtype))
     # one rank's bad argument: a typed error on every rank, through the MC2 engine's agreement
     bad = torch.randn(MAX_TOKENS + (1 if rank == 0 else 0), HIDDEN).bfloat16()
     idx = torch.zeros(bad.shape[0], TOPK, dtype=torch.int64) + torch.arange(TOPK)
@@ -127,6 +138,11 @@ def test_mc2_engine_matches_the_all_to_all_engine(compared, case):
 
 def test_mc2_engine_called_the_two_ops(compared):
     assert all(v["calls"] == ["npu_moe_distribute_combine_v2", "npu_moe_distribute_dispatch_v2"] for v in compared)
+
+
+def test_mc2_handle_combines_on_the_all_to_all_engine_when_mc2_declines(compared):
+    for value in compared:
+        assert value["fp32 combine"] == dict(paths=["mc2", "all_to_all"], equal=True, dtype="torch.float32")
 
 
 def test_mc2_engine_reports_one_ranks_bad_argument_on_every_rank(compared):

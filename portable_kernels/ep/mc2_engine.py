@@ -34,6 +34,7 @@ torch_npu is imported lazily (`torch_npu_module`); tests pass a documented-seman
 
 from __future__ import annotations
 
+import collections
 import importlib
 import importlib.util
 from typing import Any, Callable
@@ -132,8 +133,9 @@ class Mc2LowLatencyEngine:
                                                "install torch_npu with CANN, or use the default all-to-all engine"))
         self._group_name = group_name
         self.chip = chip_of(self.npu)
-        #: where each call ran: "mc2" or "all_to_all" (for tests and diagnostics)
-        self.paths: list[str] = []
+        #: where the latest calls ran, "mc2" or "all_to_all", and how many ran on each (diagnostics)
+        self.paths: collections.deque[str] = collections.deque(maxlen=16)
+        self.path_counts = {"mc2": 0, "all_to_all": 0}
 
     @classmethod
     def factory(cls, *, npu: Any = None, group_name: str | None = None) -> Callable[[Any], "Mc2LowLatencyEngine"]:
@@ -149,6 +151,10 @@ class Mc2LowLatencyEngine:
         if self._group_name is None:
             self._group_name = hccl_comm_name(self.group)
         return self._group_name
+
+    def _ran(self, path: str) -> None:
+        self.paths.append(path)
+        self.path_counts[path] += 1
 
     # ---------------------------------------------------------------- shared decision
 
@@ -191,9 +197,9 @@ class Mc2LowLatencyEngine:
             fields = [int(ok), num_experts, hidden, max_tokens, num_topk, int(active.sum()), int(x.dtype == torch.bfloat16)]
         every = self._agree(call, fields)
         if every is None or bool((every[:, 1:5] != every[0, 1:5]).any()) or bool((every[:, 6] != every[0, 6]).any()):
-            self.paths.append("all_to_all")
+            self._ran("all_to_all")
             return self.fallback.dispatch(call, x, topk_idx, max_tokens, num_experts, use_fp8, round_scale, use_ue8m0)
-        self.paths.append("mc2")
+        self._ran("mc2")
         return self._dispatch_mc2(call, x, idx, active, max_tokens, num_experts)
 
     def _dispatch_mc2(self, call: CallInfo, x: torch.Tensor, idx: torch.Tensor, active: torch.Tensor,
@@ -251,9 +257,9 @@ class Mc2LowLatencyEngine:
                     and bool((idx[~torch.isin(torch.arange(idx.shape[0], device=idx.device), state.active)] < 0).all()))
             fields = [int(same)]
         if self._agree(call, fields) is None:
-            self.paths.append("all_to_all")
+            self._ran("all_to_all")
             return self.fallback.combine(call, x, topk_idx, topk_weights, handle)
-        self.paths.append("mc2")
+        self._ran("mc2")
         ranks, rank = self.transport.num_ranks, self.transport.rank
         count = handle.range_count.sum(dim=1)
         expert = torch.repeat_interleave(torch.arange(count.numel(), device=x.device), count)
