@@ -217,40 +217,29 @@ int64_t topk_all(const void* input, bool bf16, int64_t b, int64_t n, int64_t row
   const int64_t elem = bf16 ? 2 : 4;
   const double work = double(b) * double(n);
   const int threads = (b < 2 || work < 65536.0) ? 1 : std::max<int>(1, std::min<int64_t>(nthreads, b));
+  // one row into its outputs; false (outputs untouched) when the row holds NaN in its valid range
+  auto run_row = [&](int64_t r, std::vector<uint32_t>& cand, std::vector<int64_t>& sel) {
+    int64_t len = end ? int64_t(end[r]) : n;
+    len = std::min<int64_t>(std::max<int64_t>(len, 0), n);
+    Row row{static_cast<const uint8_t*>(input) + r * row_stride * elem, bf16};
+    if (has_nan(row, len)) return false;
+    void* vrow = values ? static_cast<uint8_t*>(values) + r * topk * elem : nullptr;
+    topk_row<Idx>(row, len, topk, sorted, indices + r * topk, idx_fill, vrow, value_fill, cand, sel);
+    return true;
+  };
+  int64_t nan_rows = 0;
   if (threads == 1) {  // no parallel region for small calls: it costs more than they do
     std::vector<uint32_t> cand;
     std::vector<int64_t> sel;
-    int64_t nan_rows = 0;
-    for (int64_t r = 0; r < b; ++r) {
-      int64_t len = end ? int64_t(end[r]) : n;
-      len = std::min<int64_t>(std::max<int64_t>(len, 0), n);
-      Row row{static_cast<const uint8_t*>(input) + r * row_stride * elem, bf16};
-      if (has_nan(row, len)) {
-        ++nan_rows;
-        continue;
-      }
-      void* vrow = values ? static_cast<uint8_t*>(values) + r * topk * elem : nullptr;
-      topk_row<Idx>(row, len, topk, sorted, indices + r * topk, idx_fill, vrow, value_fill, cand, sel);
-    }
+    for (int64_t r = 0; r < b; ++r) nan_rows += run_row(r, cand, sel) ? 0 : 1;
     return nan_rows;
   }
-  int64_t nan_rows = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : nan_rows)
   {
     std::vector<uint32_t> cand;
     std::vector<int64_t> sel;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < b; ++r) {
-      int64_t len = end ? int64_t(end[r]) : n;
-      len = std::min<int64_t>(std::max<int64_t>(len, 0), n);
-      Row row{static_cast<const uint8_t*>(input) + r * row_stride * elem, bf16};
-      if (has_nan(row, len)) {
-        ++nan_rows;
-        continue;
-      }
-      void* vrow = values ? static_cast<uint8_t*>(values) + r * topk * elem : nullptr;
-      topk_row<Idx>(row, len, topk, sorted, indices + r * topk, idx_fill, vrow, value_fill, cand, sel);
-    }
+    for (int64_t r = 0; r < b; ++r) nan_rows += run_row(r, cand, sel) ? 0 : 1;
   }
   return nan_rows;
 }
