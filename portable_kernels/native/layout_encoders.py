@@ -108,21 +108,30 @@ def _ascend_args(sf, mn, k, block_mn, block_k) -> tuple[int, int] | None:
     return block_k // MX_BLOCK_K, _cdiv(k, MX_BLOCK_K)
 
 
+def _ascend_pack(sf: torch.Tensor, mn: int, k: int, block_mn: int, block_k: int, kmajor: bool,
+                 fallback: Callable[[], torch.Tensor]) -> torch.Tensor | None:
+    """The Ascend MX exponent pairs of `sf` packed natively: MN-major int16 words, or with `kmajor`
+    uint8 [G, MN, 2 * words] (pairs adjacent); None where the torch encoder must answer."""
+    args = _ascend_args(sf, mn, k, block_mn, block_k)
+    if args is None:
+        return None
+    ratio, kbo = args
+    g = sf.shape[0] if sf.dim() == 3 else 1
+    words = _cdiv(kbo, ASCEND_BLOCKS_PER_WORD)
+    if kmajor:
+        out = torch.empty((g, mn, words * ASCEND_BLOCKS_PER_WORD), dtype=torch.uint8)
+    else:
+        out = _mn_major(sf.dim() == 3, g, mn, words, mn, torch.int16)
+    return _pack(sf, mn, block_mn, ratio, kbo, ASCEND_BLOCKS_PER_WORD, kmajor, mn, out, fallback)
+
+
 def ascend_mx_encode_from_blocks(sf: torch.Tensor, mn: int, k: int, block_mn: int = FP8_BLOCK_MN,
                                  block_k: int = FP8_BLOCK_K) -> torch.Tensor:
     """= layouts.ascend_mx_encode_from_blocks: int16 [(G,) MN, ceil(K/64)], MN-major, no padding."""
     def fallback():
         return torch_scales.ascend_mx_encode_from_blocks(sf, mn, k, block_mn, block_k)
-    args = _ascend_args(sf, mn, k, block_mn, block_k)
-    if args is None:
-        return fallback()
-    ratio, kbo = args
-    g = sf.shape[0] if sf.dim() == 3 else 1
-    words = _cdiv(kbo, ASCEND_BLOCKS_PER_WORD)
-    out = _mn_major(sf.dim() == 3, g, mn, words, mn, torch.int16)
-    if _pack(sf, mn, block_mn, ratio, kbo, ASCEND_BLOCKS_PER_WORD, False, mn, out, fallback) is None:
-        return fallback()
-    return out
+    out = _ascend_pack(sf, mn, k, block_mn, block_k, False, fallback)
+    return fallback() if out is None else out
 
 
 def ascend_mx_kmajor_encode_from_blocks(sf: torch.Tensor, mn: int, k: int, block_mn: int = FP8_BLOCK_MN,
@@ -130,16 +139,11 @@ def ascend_mx_kmajor_encode_from_blocks(sf: torch.Tensor, mn: int, k: int, block
     """= layouts.ascend_mx_kmajor_encode_from_blocks: float8_e8m0fnu [(G,) MN, ceil(K/64), 2], contiguous."""
     def fallback():
         return torch_scales.ascend_mx_kmajor_encode_from_blocks(sf, mn, k, block_mn, block_k)
-    args = _ascend_args(sf, mn, k, block_mn, block_k)
-    if args is None:
+    out = _ascend_pack(sf, mn, k, block_mn, block_k, True, fallback)
+    if out is None:
         return fallback()
-    ratio, kbo = args
-    g = sf.shape[0] if sf.dim() == 3 else 1
-    words = _cdiv(kbo, ASCEND_BLOCKS_PER_WORD)
-    out = torch.empty((g, mn, words * ASCEND_BLOCKS_PER_WORD), dtype=torch.uint8)
-    if _pack(sf, mn, block_mn, ratio, kbo, ASCEND_BLOCKS_PER_WORD, True, mn, out, fallback) is None:
-        return fallback()
-    out = out.view(g, mn, words, ASCEND_BLOCKS_PER_WORD).view(torch.float8_e8m0fnu)
+    g, _, width = out.shape
+    out = out.view(g, mn, width // ASCEND_BLOCKS_PER_WORD, ASCEND_BLOCKS_PER_WORD).view(torch.float8_e8m0fnu)
     return out if sf.dim() == 3 else out[0]
 
 
