@@ -17,6 +17,8 @@ from portable_kernels.quantization import (QuantTensor, dequantize_reference, pe
                                            per_token_cast_to_fp8)
 from portable_kernels.testing.generators import poison, randn
 
+from threads import run_interleaved
+
 pytestmark = pytest.mark.skipif(not ng.available(), reason=f"native GEMM unavailable: {ng.LIB.reason()}")
 
 ENGINES = ["fma", pytest.param("amx", marks=pytest.mark.skipif(not ng.amx_available(), reason="no AMX-BF16 here"))]
@@ -286,8 +288,6 @@ def test_the_packed_call_matches_the_library():
 
 
 def test_concurrent_calls_from_python_threads_each_get_their_own_arguments():
-    import sys
-    import threading
     problems = [_fp8_operands(m, n, 256, seed=m * n, ue8m0=False) for m, n in ((1, 64), (3, 40), (2, 96), (4, 8))]
     expected = []
     for a, b in problems:
@@ -305,16 +305,7 @@ def test_concurrent_calls_from_python_threads_each_get_their_own_arguments():
                 errors.append(i)
                 return
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(problems))]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads often: between one thread's packing and its call too
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(interval)
+    run_interleaved(work, len(problems))
     assert errors == []
 
 

@@ -15,6 +15,8 @@ from portable_kernels.quantization import QuantTensor, quantize_blocks_reference
 from portable_kernels.testing.checks import assert_quantization_matches
 from portable_kernels.testing.generators import randn
 
+from threads import run_interleaved
+
 needs_topk = pytest.mark.skipif(not nt.LIB.get(), reason=f"native topk unavailable: {nt.LIB.reason()}")
 needs_casts = pytest.mark.skipif(not nc.LIB.get(), reason=f"native casts unavailable: {nc.LIB.reason()}")
 
@@ -226,8 +228,6 @@ def test_the_packed_topk_call_matches_the_library():
 
 @needs_topk
 def test_concurrent_topk_calls_from_python_threads():
-    import sys
-    import threading
     inputs = [randn(1 + i, 1000 + 37 * i, seed=i) for i in range(4)]
     expected = [nt.topk_native(x, 8 + i, sorted=True) for i, x in enumerate(inputs)]
     errors = []
@@ -239,16 +239,7 @@ def test_concurrent_topk_calls_from_python_threads():
                 errors.append(i)
                 return
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads often: between one thread's packing and its call too
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(interval)
+    run_interleaved(work, len(inputs))
     assert errors == []
 
 
