@@ -31,15 +31,14 @@ def _contiguous_case(counts, alignment, psum):
     return m_indices, layout
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("psum", [False, True])
-def test_fp8_contiguous(form, psum):
-    alignment, n, k = 64, 40, 200
-    m_indices, layout = _contiguous_case(COUNTS, alignment, psum)
-    m, g = m_indices.numel(), len(COUNTS)
+def _check_fp8_contiguous(form: str, psum: bool, counts, alignment: int, n: int, k: int, seed: int) -> None:
+    """The fp8 contiguous kernel on `form` scales: valid rows match the reference from dequantized
+    operands, padding rows stay poisoned."""
+    m_indices, layout = _contiguous_case(counts, alignment, psum)
+    m, g = m_indices.numel(), len(counts)
     ue8m0 = form == "sm100"
-    qa = quantized((m, k), (1, 128), ue8m0, seed=1)
-    qb = quantized((g, n, k), (128, 128), ue8m0, seed=2, scale=k ** -0.5)
+    qa = quantized((m, k), (1, 128), ue8m0, seed=seed)
+    qb = quantized((g, n, k), (128, 128), ue8m0, seed=seed + 1, scale=k ** -0.5)
     sfa, ga = storage(qa, form)
     sfb, gb = storage(qb, form)
     d = poison(m, n, dtype=torch.float32)
@@ -49,6 +48,12 @@ def test_fp8_contiguous(form, psum):
     ref = grouped_gemm_contiguous_reference(dequantized(qa), dequantized(qb), m_indices)
     assert torch.isnan(d[~valid]).all()
     assert calc_diff(d[valid], ref[valid]) < 1e-9
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("psum", [False, True])
+def test_fp8_contiguous(form, psum):
+    _check_fp8_contiguous(form, psum, COUNTS, 64, n=40, k=200, seed=1)
 
 
 @pytest.mark.parametrize("config", grouped_contiguous.CONFIGS[2:], ids=_config_id)
@@ -95,21 +100,7 @@ def test_odd_alignments_put_segment_boundaries_inside_row_tiles():
 @pytest.mark.parametrize("psum", [False, True])
 @pytest.mark.parametrize("form", ["sm90", "sm100"])
 def test_fp8_contiguous_any_alignment(form, psum, alignment):
-    n, k = 24, 160
-    m_indices, layout = _contiguous_case(ODD_COUNTS, alignment, psum)
-    m, g = m_indices.numel(), len(ODD_COUNTS)
-    ue8m0 = form == "sm100"
-    qa = quantized((m, k), (1, 128), ue8m0, seed=11)
-    qb = quantized((g, n, k), (128, 128), ue8m0, seed=12, scale=k ** -0.5)
-    sfa, ga = storage(qa, form)
-    sfb, gb = storage(qb, form)
-    d = poison(m, n, dtype=torch.float32)
-    grouped_contiguous.m_grouped_gemm_nt_contiguous(qa.data, qb.data, d, layout, sfa=sfa, sfb=sfb, gran_a=ga,
-                                                    gran_b=gb, use_psum_layout=psum, alignment=alignment)
-    valid = m_indices >= 0
-    ref = grouped_gemm_contiguous_reference(dequantized(qa), dequantized(qb), m_indices)
-    assert torch.isnan(d[~valid]).all()
-    assert calc_diff(d[valid], ref[valid]) < 1e-9
+    _check_fp8_contiguous(form, psum, ODD_COUNTS, alignment, n=24, k=160, seed=11)
 
 
 @pytest.mark.parametrize("config", grouped_contiguous.CONFIGS, ids=_config_id)
