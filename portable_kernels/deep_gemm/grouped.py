@@ -97,9 +97,8 @@ def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
                                       ensure_zero_padding: bool = True) -> None:
     """bf16 contiguous grouped GEMM with b stored [G, K, N]."""
     check_keywords("m_grouped_bf16_gemm_nn_contiguous", compiled_dims)
-    # B stored [G, K, N]: its nt form is copied K-major (the cpu native kernels read contiguous weights)
-    pk_grouped.m_grouped_bf16_gemm_nt_contiguous(a, b.mT.contiguous() if isinstance(b, torch.Tensor) else b, d,
-                                                 grouped_layout,
+    # B stored [G, K, N]: its nt form is the transposed view (a provider that needs K-contiguous rows copies it)
+    pk_grouped.m_grouped_bf16_gemm_nt_contiguous(a, b.mT if isinstance(b, torch.Tensor) else b, d, grouped_layout,
                                                  use_psum_layout=use_psum_layout,
                                                  ensure_zero_padding=ensure_zero_padding)
 

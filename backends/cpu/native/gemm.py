@@ -319,7 +319,9 @@ def _grouped_operands(call):
     a, b = call.a, call.b
     if isinstance(a, PreparedTensor):
         return a.data, a.scale, a.storage_granularity[1], b.data, b.scale, tuple(b.storage_granularity)
-    return a, None, AMX_UNSCALED_PERIOD, b, None, (1, 1)
+    # bf16 weights may arrive as a view (DeepGEMM's nn form hands over B [G, K, N] transposed): the
+    # kernel walks contiguous rows of K, so such a B is copied here, where that constraint lives
+    return a, None, AMX_UNSCALED_PERIOD, b.contiguous(), None, (1, 1)
 
 
 def m_grouped_contiguous_native(call) -> None:

@@ -36,7 +36,11 @@ def _scales(call: Any) -> dict[str, Any]:
 
 
 def _data(t: Any) -> torch.Tensor:
-    return t if isinstance(t, torch.Tensor) else t.data
+    """The operand's bytes; a bf16 view whose K is not contiguous (DeepGEMM's nn form hands over B
+    [G, K, N] transposed) is copied, because the kernels read K-contiguous rows."""
+    if not isinstance(t, torch.Tensor):
+        return t.data
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def _contiguous(call: ContiguousGroupedInputs) -> None:
