@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..native.openmp_wait import WAIT_VARIABLES
+from ..native.openmp_wait import WAIT_VARIABLES, usable_cores
 
 
 def cpu_model() -> str:
@@ -45,11 +45,10 @@ def _accelerators() -> list[str]:
 
 
 def machine() -> dict[str, Any]:
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
-        "cores_usable": usable,
+        "cores_usable": usable_cores(),
         "load_average": load_average(),  # 1, 5 and 15 minutes, when the run started
         "os": platform.platform(),
         "hostname": platform.node(),
