@@ -59,7 +59,7 @@ class Plan:
         """The provider for these (already converted) inputs; NoKernelError with every reason if none."""
         if self.provider is not None:
             return self.provider
-        declined = dict(self.reasons or {})
+        verdicts = []
         for index, provider in enumerate(self.candidates):
             key = (index, provider.shape_key(inputs)) if provider.shape_dependent else (index,)
             verdict = self.verdicts.get(key)
@@ -67,7 +67,9 @@ class Plan:
                 verdict = self.verdicts[key] = provider.not_supported_reasons(inputs)
             if not verdict:
                 return provider
-            declined[provider.name] = verdict
+            verdicts.append(verdict)
+        declined = dict(self.reasons or {})  # built only when no provider runs
+        declined.update((p.name, v) for p, v in zip(self.candidates, verdicts))
         raise NoKernelError(self.contract.name, self.backend, declined)
 
     def accepts(self, inputs: Any) -> bool:
