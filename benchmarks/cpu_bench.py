@@ -4,7 +4,7 @@ Run: python benchmarks/cpu_bench.py [bench options]   (e.g. --full --rounds 5 --
 
 A thin call of `python -m portable_kernels bench --backend cpu --threads 1,<cores>`: the cases
 (with issue 12's targets), the paired timing, the JSON, table and plots all live in
-portable_kernels/bench/ (see `python -m portable_kernels bench --help`). Options given here are
+portable_kernels/tools/bench/ (see `python -m portable_kernels bench --help`). Options given here are
 passed on; --threads given here replaces the default.
 """
 

@@ -23,11 +23,11 @@ from typing import Any, Callable
 import torch
 
 import portable_kernels as pk
-from portable_kernels.compiled import is_compiling
-from portable_kernels.gemm import FP8_GEMM_NT, GemmInputs
-from portable_kernels.mla import FLASH_MLA_WITH_KVCACHE, MlaDecodeInputs
-from portable_kernels.quantization import PER_TOKEN_CAST, CastInputs
-from portable_kernels.topk import TOPK, TopkInputs
+from portable_kernels.core.compiled import is_compiling
+from portable_kernels.ops.gemm.dense import FP8_GEMM_NT, GemmInputs
+from portable_kernels.ops.attention.decode import FLASH_MLA_WITH_KVCACHE, MlaDecodeInputs
+from portable_kernels.ops.quant.fp8 import PER_TOKEN_CAST, CastInputs
+from portable_kernels.ops.topk import TOPK, TopkInputs
 from portable_kernels.torch_ops import operand_args
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

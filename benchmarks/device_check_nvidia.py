@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 
 import portable_kernels as pk
-from portable_kernels.registry import registry
+from portable_kernels.core.registry import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_SECONDS = 450  # 7.5 min: timings stop early (with a note) past this
@@ -284,7 +284,7 @@ def _prepared_gemm(m: int, n: int, k: int, arch: str, device: torch.device, seed
 
 
 def time_fp8_gemm(device: torch.device, timer: Timer, shapes: list[tuple[int, int, int]]) -> None:
-    from portable_kernels.gemm import GemmInputs
+    from portable_kernels.ops.gemm.dense import GemmInputs
     say("\nfp8_gemm_nt (sm90 bytes, bf16 d): Triton vs torch._scaled_mm blockwise vs DeepGEMM published (H800)")
     say(f"{'M':>5s} {'N':>6s} {'K':>6s} | {'triton':>30s} {'TF':>6s} | {'scaled_mm':>30s} {'TF':>6s} | "
         f"{'t/s':>5s} | {'DG H800':>7s} {'t/DG':>5s} | deep_gemm")
@@ -325,7 +325,7 @@ def time_fp8_gemm(device: torch.device, timer: Timer, shapes: list[tuple[int, in
 
 
 def time_bf16_gemm(device: torch.device, timer: Timer, shapes: list[tuple[int, int, int]]) -> None:
-    from portable_kernels.gemm import GemmInputs
+    from portable_kernels.ops.gemm.dense import GemmInputs
     say("\nbf16_gemm_nt: Triton vs cuBLAS (torch.matmul into d)")
     ratios = []
     for m, n, k in shapes:
@@ -350,7 +350,7 @@ def time_bf16_gemm(device: torch.device, timer: Timer, shapes: list[tuple[int, i
 
 
 def time_grouped(device: torch.device, timer: Timer, contiguous: list, masked: list) -> None:
-    from portable_kernels.grouped_gemm import ContiguousGroupedInputs, MaskedGroupedInputs
+    from portable_kernels.ops.gemm.grouped import ContiguousGroupedInputs, MaskedGroupedInputs
     from portable_kernels.layouts import contiguous_m_indices
     say("\ngrouped GEMMs: bf16 Triton vs torch._grouped_mm; fp8 Triton (sm90) vs DeepGEMM published (H800)")
     ratios = []
@@ -418,7 +418,7 @@ def time_grouped(device: torch.device, timer: Timer, contiguous: list, masked: l
 
 def time_mla(device: torch.device, timer: Timer, copy_gbs: float, cases: list) -> None:
     from portable_kernels.layouts import pack_fp8_kv_cache
-    from portable_kernels.mla import MlaDecodeInputs
+    from portable_kernels.ops.attention.decode import MlaDecodeInputs
     say("\nMLA decode (h_q 128, s_q 1, d 576): KV bytes read / time, as % of copy bandwidth")
     shares = []
     for b, s_k, fp8, topk in cases:
@@ -473,7 +473,7 @@ def time_mla(device: torch.device, timer: Timer, copy_gbs: float, cases: list) -
 
 
 def time_topk(device: torch.device, timer: Timer, cases: list) -> None:
-    from portable_kernels.topk import TopkInputs
+    from portable_kernels.ops.topk import TopkInputs
     say("\ntopk (fp32, unsorted): Triton vs torch.topk")
     ratios = []
     for b, n, k in cases:
@@ -494,9 +494,9 @@ def time_topk(device: torch.device, timer: Timer, cases: list) -> None:
 
 
 def time_casts(device: torch.device, timer: Timer, copy_gbs: float, m: int, k: int) -> None:
-    from portable_kernels.fp4 import SwigluCastInputs
+    from portable_kernels.ops.quant.fp4 import SwigluCastInputs
     from portable_kernels.layouts import PLAIN, SM90, SM100
-    from portable_kernels.quantization import CastInputs
+    from portable_kernels.ops.quant.fp8 import CastInputs
     say(f"\nquantizers on bf16 [{m}, {k}]: bytes read + written / time, as % of copy bandwidth")
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(6)).to(device=device, dtype=torch.bfloat16)
     shares = []
@@ -531,10 +531,10 @@ def time_casts(device: torch.device, timer: Timer, copy_gbs: float, m: int, k: i
 
 def time_routing(device: torch.device, timer: Timer, copy_gbs: float, t_tokens: int, h: int,
                  experts: int = 256, groups: int = 8) -> None:
-    from portable_kernels.moe_routing import fused_mapping_reference, top2_sum_gate_reference
-    from portable_kernels.moe_routing.expand import ExpandInputs
-    from portable_kernels.moe_routing.gate import GateInputs
-    from portable_kernels.moe_routing.reduce import ReduceInputs
+    from portable_kernels.ops.moe_routing import fused_mapping_reference, top2_sum_gate_reference
+    from portable_kernels.ops.moe_routing.expand import ExpandInputs
+    from portable_kernels.ops.moe_routing.gate import GateInputs
+    from portable_kernels.ops.moe_routing.reduce import ReduceInputs
     say(f"\nMoE routing (T={t_tokens}, {experts} experts in {groups} groups, top-8 of the best {groups // 2}, H={h})")
     gen = torch.Generator().manual_seed(8)
     logits = torch.randn(t_tokens, experts, generator=gen).to(device)

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from portable_kernels.ep import Buffer
-from portable_kernels.quantization import per_token_cast_to_fp8
+from portable_kernels.ops.ep import Buffer
+from portable_kernels.ops.quant.fp8 import per_token_cast_to_fp8
 from portable_kernels.testing.ep_cases import random_routing
 from portable_kernels.testing.ep_distributed import run_ranks
 from portable_kernels.testing.generators import randn

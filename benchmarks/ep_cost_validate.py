@@ -40,7 +40,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ep_bench  # noqa: E402  (the benchmark whose rounds are validated)
 
-from portable_kernels.ep.cost import BUFFER_EXCHANGE, GB, ROWS_ONLY, Fabric, MoEShape, Tier, estimate  # noqa: E402
+from portable_kernels.tools.ep_cost import BUFFER_EXCHANGE, GB, ROWS_ONLY, Fabric, MoEShape, Tier, estimate  # noqa: E402
 from portable_kernels.testing.ep_cases import random_routing  # noqa: E402
 from portable_kernels.testing.ep_distributed import run_ranks  # noqa: E402
 

@@ -5,7 +5,7 @@ Run: python benchmarks/layouts_bench.py [bench options]   (e.g. --threads 1 --ro
 A thin call of `python -m portable_kernels bench --family layouts`: each encoder (the torch one and,
 where it exists, the native one prepare_inputs prefers) beside a clone moving as many bytes;
 ratio = clone time / encoder time (issue 12: >= 0.5). The cases live in
-portable_kernels/bench/cases/layouts.py.
+portable_kernels/tools/bench/cases/layouts.py.
 """
 
 from __future__ import annotations

@@ -26,11 +26,11 @@ import torch
 import portable_kernels as pk
 import attrs
 
-from portable_kernels.dispatch import plan_for, provider_for
-from portable_kernels.gemm import FP8_GEMM_NT, GemmInputs
-from portable_kernels.mla import FLASH_MLA_WITH_KVCACHE, MlaDecodeInputs
-from portable_kernels.quantization import PER_TOKEN_CAST, CastInputs
-from portable_kernels.topk import TOPK, TopkInputs
+from portable_kernels.core.dispatch import plan_for, provider_for
+from portable_kernels.ops.gemm.dense import FP8_GEMM_NT, GemmInputs
+from portable_kernels.ops.attention.decode import FLASH_MLA_WITH_KVCACHE, MlaDecodeInputs
+from portable_kernels.ops.quant.fp8 import PER_TOKEN_CAST, CastInputs
+from portable_kernels.ops.topk import TOPK, TopkInputs
 
 TARGETS_US = {"fp8_gemm_nt prepared": 5.0, "fp8_gemm_nt raw tuples": 25.0, "topk": 5.0, "per_token_cast_to_fp8": 5.0,
               "per_token_cast_to_fp8 prepare_for": 5.0, "flash_mla_with_kvcache": 15.0}

@@ -8,7 +8,7 @@ import sys
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import (MlaShape, MoeShape, format_header, format_legend, format_providers, format_table,
+    from .tools.demo import (MlaShape, MoeShape, format_header, format_legend, format_providers, format_table,
                        format_verdicts, run_demo)
     for name in ("tokens", "hidden", "experts", "seqlen", "repeats"):
         if getattr(args, name) < 1:
@@ -24,13 +24,13 @@ def _demo(args: argparse.Namespace) -> int:
     print(format_verdicts(runs))
     print(format_legend())
     if args.plot:
-        from .demo.plot import plot_weight_formats
+        from .tools.demo.plot import plot_weight_formats
         print(f"wrote {plot_weight_formats(args.plot)}")
     return 0
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .registry import available_backends
+    from .core.registry import available_backends
     for name, info in available_backends().items():
         state = "available" if info.available else f"unavailable: {info.reason}"
         emulation = ", emulation on cpu" if info.emulation else ""
@@ -56,12 +56,12 @@ def _options(pairs: list[str]) -> dict[str, str]:
 
 
 def _native_report() -> None:
-    from .native import build
+    from .core.native import build
     level, extras = build.detected_isa()
     print(f"native host code (deepjit, knobs PK_JIT_*; PK_NATIVE=0 disables): built for {build.isa()} "
           f"(detected {level}{', ' + ', '.join(sorted(extras)) if extras else ''}), "
           f"flags {' '.join(build.compiler_flags())}, threads = torch.get_num_threads() = {build.num_threads()}")
-    from .native.openmp_wait import openmp_wait_note
+    from .core.native.openmp_wait import openmp_wait_note
     note = openmp_wait_note(build.num_threads())
     if note:
         print(f"  {note}")
@@ -72,8 +72,8 @@ def _native_report() -> None:
 def _warmup(args: argparse.Namespace) -> int:
     import time
 
-    from .native import build
-    from .registry import available_backends
+    from .core.native import build
+    from .core.registry import available_backends
     available_backends()  # loads the backends, which declare their native libraries
     libs = [lib for lib in build.libraries().values() if args.backend in (None, lib.owner) or lib.owner == build.SHARED]
     failed = 0
@@ -103,14 +103,14 @@ def _layouts(args: argparse.Namespace) -> int:
         import matplotlib  # noqa: F401  (optional: the [plot] extra)
     except ImportError as exc:
         raise CliError("drawing needs matplotlib: pip install 'portable-kernels[plot]'") from exc
-    from .plots import plot_scale_layouts
+    from .tools.plots import plot_scale_layouts
     for path in plot_scale_layouts(args.plot):
         print(path)
     return 0
 
 
 def _ep_cost(args: argparse.Namespace) -> int:
-    from .ep.cost.cli import run
+    from .tools.ep_cost.cli import run
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401  (optional: the [plot] extra)
@@ -120,7 +120,7 @@ def _ep_cost(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench.cli import run
+    from .tools.bench.cli import run
     return run(args)
 
 
@@ -158,9 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a backend option (repeatable), e.g. --option soc=950 for ascend; see doctor")
     conf.add_argument("--ops", nargs="*", help="only these ops")
     conf.set_defaults(func=_conformance)
-    from .ep.cost.cli import add_parser as add_ep_cost
+    from .tools.ep_cost.cli import add_parser as add_ep_cost
     add_ep_cost(sub, _ep_cost)
-    from .bench.cli import add_parser as add_bench
+    from .tools.bench.cli import add_parser as add_bench
     add_bench(sub, _bench)
     return parser
 
@@ -172,7 +172,7 @@ class CliError(Exception):
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a user error (unknown backend or op, bad option, missing optional package,
     unwritable folder) prints one line to stderr and returns 2, without a traceback."""
-    from .errors import PortableKernelsError
+    from .core.errors import PortableKernelsError
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for reports that record their command
     try:

@@ -2,14 +2,14 @@
 
 DeepEP's expert-parallel API (its legacy `Buffer`: normal and low-latency dispatch / combine,
 `get_dispatch_layout`, events, `Config`, size hints) with DeepEP's constructor, method names,
-argument order, defaults and return tuples — `portable_kernels.ep.Buffer` over any
+argument order, defaults and return tuples — `portable_kernels.ops.ep.Buffer` over any
 torch.distributed group (Gloo, NCCL, HCCL); docs/ep.md has its semantics and transport. Names of
 DeepEP this port does not provide raise AttributeError with the reason (docs/porting.md).
 """
 
 from __future__ import annotations
 
-from .ep import Buffer, Config, EventHandle, EventOverlap, topk_idx_t
+from .ops.ep import Buffer, Config, EventHandle, EventOverlap, topk_idx_t
 
 __all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "topk_idx_t"]
 

@@ -7,10 +7,10 @@ import pytest
 from portable_kernels.layouts import ue8m0_exponents, ue8m0_to_fp32
 
 import portable_kernels as pk
-from portable_kernels.formats import Decoded, Encoded, Format
-from portable_kernels.gemm import gemm_reference
-from portable_kernels.oracle import register_reference
-from portable_kernels.quantization import PER_BLOCK_CAST, PER_TOKEN_CAST, dequantized
+from portable_kernels.core.formats import Decoded, Encoded, Format
+from portable_kernels.ops.gemm.dense import gemm_reference
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.ops.quant.fp8 import PER_BLOCK_CAST, PER_TOKEN_CAST, dequantized
 
 TEST_BACKEND = "testexp"
 

@@ -25,12 +25,14 @@ import torch
 from portable_kernels.layouts import (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MOE_ALIGNMENT, ASCEND_MX_KMAJOR,
                                       PLAIN)
 
-from portable_kernels.contract import QuantArg
-from portable_kernels.formats import Format
-from portable_kernels.oracle import register_oracles
-from portable_kernels.registry import Backend, Registry
+from portable_kernels.core.contract import QuantArg
+from portable_kernels.core.formats import Format
+from portable_kernels.core.oracle import register_oracles
+from portable_kernels.core.registry import Backend, Registry
 
-from . import chips, runtime, torch_npu_providers
+from . import chips
+from .vendor import runtime
+from .providers import torch_npu as torch_npu_providers
 
 NAME = "ascend"
 SCALES = ("ue8m0", "fp32")

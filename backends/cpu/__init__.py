@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from portable_kernels.registry import Backend, Registry
+from portable_kernels.core.registry import Backend, Registry
 
 from ._names import BACKEND
 

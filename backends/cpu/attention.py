@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from portable_kernels.attention import FLASH_ATTN_VARLEN, FLASH_MLA_SPARSE_FWD
-from portable_kernels.oracle import register_reference
-from portable_kernels.registry import Registry
+from portable_kernels.ops.attention.prefill import FLASH_ATTN_VARLEN, FLASH_MLA_SPARSE_FWD
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.core.registry import Registry
 
 from ._names import BACKEND
 

@@ -3,9 +3,9 @@ reference kernels (cpu layout: fp32 row-major scales, packed E2M1 bytes as they 
 
 from __future__ import annotations
 
-from portable_kernels.fp4 import FP8_FP4_GEMM_NT, PER_TOKEN_CAST_FP4, SWIGLU_CAST
-from portable_kernels.oracle import register_reference
-from portable_kernels.registry import Registry
+from portable_kernels.ops.quant.fp4 import FP8_FP4_GEMM_NT, PER_TOKEN_CAST_FP4, SWIGLU_CAST
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.core.registry import Registry
 
 from ._names import BACKEND
 

@@ -3,9 +3,9 @@ is the logical one, fp32 row-major scales, so they read its bytes directly)."""
 
 from __future__ import annotations
 
-from portable_kernels.gemm import BF16_GEMM_NT, FP8_GEMM_NT
-from portable_kernels.oracle import register_reference
-from portable_kernels.registry import Registry
+from portable_kernels.ops.gemm.dense import BF16_GEMM_NT, FP8_GEMM_NT
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.core.registry import Registry
 
 from ._names import BACKEND
 

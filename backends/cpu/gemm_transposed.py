@@ -3,9 +3,9 @@ math on the transposed views the ops bind)."""
 
 from __future__ import annotations
 
-from portable_kernels.gemm_transposed import BF16_CONTRACTS, FP8_CONTRACTS
-from portable_kernels.oracle import register_reference
-from portable_kernels.registry import Registry
+from portable_kernels.ops.gemm.transposed import BF16_CONTRACTS, FP8_CONTRACTS
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.core.registry import Registry
 
 from ._names import BACKEND
 

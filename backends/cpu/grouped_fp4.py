@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from portable_kernels.grouped_fp4 import M_GROUPED_FP8_FP4_CONTIGUOUS, M_GROUPED_FP8_FP4_MASKED
-from portable_kernels.oracle import register_reference
-from portable_kernels.registry import Registry
+from portable_kernels.ops.gemm.grouped_fp4 import M_GROUPED_FP8_FP4_CONTIGUOUS, M_GROUPED_FP8_FP4_MASKED
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.core.registry import Registry
 
 from ._names import BACKEND
 

@@ -3,10 +3,10 @@ layout is the logical one), which write only the valid rows of d."""
 
 from __future__ import annotations
 
-from portable_kernels.grouped_gemm import (M_GROUPED_BF16_CONTIGUOUS, M_GROUPED_BF16_MASKED, M_GROUPED_FP8_CONTIGUOUS,
+from portable_kernels.ops.gemm.grouped import (M_GROUPED_BF16_CONTIGUOUS, M_GROUPED_BF16_MASKED, M_GROUPED_FP8_CONTIGUOUS,
                                            M_GROUPED_FP8_MASKED)
-from portable_kernels.oracle import register_reference
-from portable_kernels.registry import Registry
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.core.registry import Registry
 
 from ._names import BACKEND
 

@@ -3,9 +3,9 @@ on dequantized operands)."""
 
 from __future__ import annotations
 
-from portable_kernels.k_grouped_gemm import K_GROUPED_BF16_TN, K_GROUPED_FP8_NT, K_GROUPED_FP8_TN
-from portable_kernels.oracle import register_reference
-from portable_kernels.registry import Registry
+from portable_kernels.ops.gemm.k_grouped import K_GROUPED_BF16_TN, K_GROUPED_FP8_NT, K_GROUPED_FP8_TN
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.core.registry import Registry
 
 from ._names import BACKEND
 

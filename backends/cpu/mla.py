@@ -3,9 +3,9 @@ contract math in fp32; no tile scheduler, so the metadata is the trivial one).""
 
 from __future__ import annotations
 
-from portable_kernels.mla import FLASH_MLA_WITH_KVCACHE, GET_MLA_METADATA
-from portable_kernels.oracle import register_reference
-from portable_kernels.registry import Registry
+from portable_kernels.ops.attention.decode import FLASH_MLA_WITH_KVCACHE, GET_MLA_METADATA
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.core.registry import Registry
 
 from ._names import BACKEND
 

@@ -4,12 +4,12 @@ the stable selections, counts and expert-id rewrites)."""
 
 from __future__ import annotations
 
-from portable_kernels.moe_routing import (AUX_FI, EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF, GET_FUSED_MAPPING,
+from portable_kernels.ops.moe_routing import (AUX_FI, EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF, GET_FUSED_MAPPING,
                                           GROUP_COUNT, INPLACE_UNIQUE_GROUP_INDICES, MAP_TO_PHYSICAL_EXPERTS,
                                           MASK_INDICES_BY_TP, NORMALIZE_WEIGHT, REDUCE_FUSED, TOP2_SUM_GATE, TOPK_GATE,
                                           TOPK_SUM_AND_TOPK_GROUP_IDX)
-from portable_kernels.oracle import register_reference
-from portable_kernels.registry import Registry
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.core.registry import Registry
 
 from ._names import BACKEND
 

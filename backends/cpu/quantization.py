@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from portable_kernels.oracle import register_reference
-from portable_kernels.quantization import PER_BLOCK_CAST, PER_CHANNEL_CAST, PER_TOKEN_CAST
-from portable_kernels.registry import Registry
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.ops.quant.fp8 import PER_BLOCK_CAST, PER_CHANNEL_CAST, PER_TOKEN_CAST
+from portable_kernels.core.registry import Registry
 
 from ._names import BACKEND
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from portable_kernels.oracle import register_reference
-from portable_kernels.registry import Registry
-from portable_kernels.swiglu import SWIGLU_FORWARD
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.core.registry import Registry
+from portable_kernels.ops.swiglu import SWIGLU_FORWARD
 
 from ._names import BACKEND
 

@@ -20,10 +20,10 @@ from typing import Any, Mapping
 import torch
 from portable_kernels.layouts import NVIDIA_MOE_ALIGNMENT, SM90, SM100
 
-from portable_kernels.contract import QuantArg
-from portable_kernels.formats import Format
-from portable_kernels.oracle import register_oracles
-from portable_kernels.registry import Backend, Registry
+from portable_kernels.core.contract import QuantArg
+from portable_kernels.core.formats import Format
+from portable_kernels.core.oracle import register_oracles
+from portable_kernels.core.registry import Backend, Registry
 
 NAME = "nvidia"
 #: the architectures whose Formats this backend knows, and the Format each stores operands in

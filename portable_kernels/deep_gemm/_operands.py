@@ -4,7 +4,7 @@
   (gran_m, gran_n, gran_k) or the pair recipe_a (gran_m, gran_k) + recipe_b (gran_n, gran_k); none:
   read off the scale shapes). A raw pair is bound at that granularity.
 - packed FP4 data (int8 / uint8 / float4_e2m1fn_x2) makes an "e2m1" operand; int32 scales are
-  DeepGEMM's packed UE8M0 words, decoded exactly (portable_kernels.packed_scales).
+  DeepGEMM's packed UE8M0 words, decoded exactly (portable_kernels.core.packed_scales).
 - compiled_dims and disable_ue8m0_cast are checked and otherwise have no effect: compiled_dims only
   picks what DeepGEMM's JIT specializes on, and this library never rounds a scale silently (a
   non-power-of-two scale where only exponents are stored is refused), so there is no cast to disable.
@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from ..checks import check_bool
-from ..errors import ContractError, format_problem
-from ..packed_scales import is_packed_scale, packed_scale_operand
-from ..tensors import PreparedTensor, QuantTensor, describe
+from ..core.checks import check_bool
+from ..core.errors import ContractError, format_problem
+from ..core.packed_scales import is_packed_scale, packed_scale_operand
+from ..core.tensors import PreparedTensor, QuantTensor, describe
 
 PACKED_FP4 = (torch.int8, torch.uint8, torch.float4_e2m1fn_x2)
 #: the dims DeepGEMM's JIT may specialize a kernel on

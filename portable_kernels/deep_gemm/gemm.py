@@ -12,11 +12,11 @@ from typing import Any, Callable
 
 import torch
 
-from .. import gemm as pk_gemm
-from .. import gemm_transposed as pk_t
-from ..errors import ContractError, format_problem
-from ..fp4 import fp8_fp4_gemm_nt as pk_fp8_fp4_gemm_nt
-from ..tensors import PreparedTensor, QuantTensor, describe
+from ..ops.gemm import dense as pk_gemm
+from ..ops.gemm import transposed as pk_t
+from ..core.errors import ContractError, format_problem
+from ..ops.quant.fp4 import fp8_fp4_gemm_nt as pk_fp8_fp4_gemm_nt
+from ..core.tensors import PreparedTensor, QuantTensor, describe
 from ._operands import PACKED_FP4, check_keywords, granularities, operand, stored, transposed
 
 __all__ = ["fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt", "fp8_gemm_nt", "fp8_gemm_nn",

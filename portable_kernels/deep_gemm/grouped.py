@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from .. import grouped_fp4 as pk_fp4
-from .. import grouped_gemm as pk_grouped
-from .. import k_grouped_gemm as pk_k
+from ..ops.gemm import grouped_fp4 as pk_fp4
+from ..ops.gemm import grouped as pk_grouped
+from ..ops.gemm import k_grouped as pk_k
 from ._operands import check_keywords, granularities, operand, transposed
 from .gemm import _element
 

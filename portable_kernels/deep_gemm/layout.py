@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from ..checks import check_int
-from ..contiguous_layout import padding_rows, set_mk_alignment_for_contiguous_layout
-from ..errors import ContractError, LayoutError, format_problem
-from ..grouped_gemm import get_m_alignment_for_contiguous_layout
+from ..core.checks import check_int
+from ..core.alignment import padding_rows, set_mk_alignment_for_contiguous_layout
+from ..core.errors import ContractError, LayoutError, format_problem
+from ..ops.gemm.grouped import get_m_alignment_for_contiguous_layout
 from ..layouts import (LayoutConversionError, TMA_ALIGN_BYTES, broadcast_block_scales_to_rows, sm90_sfa_encode,
                        sm100_ue8m0_encode, tma_aligned_mn)
-from ..tensors import describe
+from ..core.tensors import describe
 from .runtime import arch_major
 
 __all__ = ["get_tma_aligned_size", "get_mn_major_tma_aligned_tensor", "get_col_major_tma_aligned_tensor",

@@ -7,8 +7,8 @@ import os
 
 import torch
 
-from ..checks import check_int
-from ..registry import forced_backend
+from ..core.checks import check_int
+from ..core.registry import forced_backend
 
 _num_sms: int | None = None
 

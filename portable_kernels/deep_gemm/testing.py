@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..numerics import calc_diff
+from ..core.numerics import calc_diff
 
 __all__ = ["calc_diff", "count_bytes"]
 

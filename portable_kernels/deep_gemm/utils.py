@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import fp4, quantization
-from ..errors import ContractError, format_problem
+from ..ops.quant import fp4, fp8 as quantization
+from ..core.errors import ContractError, format_problem
 from ..layouts import pack_e2m1, unpack_e2m1, ue8m0_exponents, ue8m0_to_fp32
 from ..layouts import ceil_to_ue8m0 as _ceil_to_ue8m0
-from ..tensors import QuantTensor, describe
+from ..core.tensors import QuantTensor, describe
 from .layout import *  # noqa: F401,F403 - DeepGEMM's utils re-export its layout helpers
 from .layout import __all__ as _layout_names
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from ..topk import NAN_ROW_MARKER, topk
+from ..ops.topk import NAN_ROW_MARKER, topk
 
 __all__ = ["topk", "get_stride_requirement", "NAN_ROW_MARKER"]
 

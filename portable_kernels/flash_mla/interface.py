@@ -13,9 +13,9 @@ from typing import Any, Optional
 
 import torch
 
-from .. import attention, mla
-from ..errors import ContractError, format_problem
-from ..tensors import describe
+from ..ops.attention import prefill as attention, decode as mla
+from ..core.errors import ContractError, format_problem
+from ..core.tensors import describe
 
 
 @dataclasses.dataclass

@@ -12,9 +12,9 @@ import enum
 
 import torch
 
-from ..errors import ContractError, format_problem
+from ..core.errors import ContractError, format_problem
 from ..layouts import KV_FP8_BYTES_PER_TOKEN, KV_HEAD_DIM, KV_LATENT_DIM, dequantize_fp8_kv_cache, pack_fp8_kv_cache
-from ..tensors import describe
+from ..core.tensors import describe
 
 
 class FP8KVCacheLayout(enum.Enum):

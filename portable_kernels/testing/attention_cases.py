@@ -9,9 +9,9 @@ import functools
 
 import torch
 
-from ..attention import (FLASH_ATTN_VARLEN, FLASH_MLA_SPARSE_FWD, flash_attn_varlen_func, flash_mla_sparse_fwd,
+from ..ops.attention.prefill import (FLASH_ATTN_VARLEN, FLASH_MLA_SPARSE_FWD, flash_attn_varlen_func, flash_mla_sparse_fwd,
                          sparse_prefill_reference, varlen_reference)
-from ..mla import LSE_ABS_TOL, LSE_REL_TOL, OUT_ABS_TOL, OUT_REL_TOL
+from ..ops.attention.decode import LSE_ABS_TOL, LSE_REL_TOL, OUT_ABS_TOL, OUT_REL_TOL
 from .checks import assert_close
 from .core import Case, conformance_cases
 from .generators import generator, randn

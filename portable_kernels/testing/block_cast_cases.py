@@ -7,9 +7,9 @@ import functools
 
 import torch
 
-from ..block_cast import BLOCK_CAST, DEFAULT_CLAMP_MIN, block_cast, block_cast_reference
-from ..quantization import dequantize_reference
-from ..tensors import QuantTensor
+from ..ops.quant.block_cast import BLOCK_CAST, DEFAULT_CLAMP_MIN, block_cast, block_cast_reference
+from ..ops.quant.fp8 import dequantize_reference
+from ..core.tensors import QuantTensor
 from .checks import assert_close, assert_quantization_matches, assert_refused
 from .core import Case, conformance_cases
 from .generators import randn

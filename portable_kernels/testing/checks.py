@@ -7,11 +7,11 @@ from typing import Callable
 import torch
 
 from ..layouts.fp4 import unpack_e2m1
-from ..numerics import calc_diff
-from ..quantization import dequantize_reference
-from ..tensors import QuantTensor
-from ..contract import checks_values
-from ..errors import ContractError
+from ..core.numerics import calc_diff
+from ..ops.quant.fp8 import dequantize_reference
+from ..core.tensors import QuantTensor
+from ..core.contract import checks_values
+from ..core.errors import ContractError
 from .core import CaseFailure, CaseNotApplicable
 
 

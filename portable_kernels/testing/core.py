@@ -15,9 +15,9 @@ from typing import Any, Callable, Iterable, TextIO
 import attrs
 import torch
 
-from ..dispatch import trace_providers
-from ..errors import BackendUnavailableError, LayoutError, NoKernelError
-from ..registry import available_backends, registry, run_device, use_backend
+from ..core.dispatch import trace_providers
+from ..core.errors import BackendUnavailableError, LayoutError, NoKernelError
+from ..core.registry import available_backends, registry, run_device, use_backend
 
 
 class CaseFailure(AssertionError):
@@ -166,7 +166,7 @@ def run_conformance(backend: str | None = None, ops: Iterable[str] | None = None
     quick:    fewer, smaller cases (the CI size)
     progress: a stream (e.g. sys.stderr) to report each op as it runs
     """
-    from ..registry import check_options
+    from ..core.registry import check_options
     name = backend or "cpu"
     device = _device_for(name)
     check_options(registry().backend(name), options, "run_conformance")

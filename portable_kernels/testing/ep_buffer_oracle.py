@@ -8,9 +8,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ..ep import (COMBINE_BOUND, CombineResult, simulate_combine, simulate_dispatch, simulate_low_latency_combine,
+from ..ops.ep import (COMBINE_BOUND, CombineResult, simulate_combine, simulate_dispatch, simulate_low_latency_combine,
                   simulate_low_latency_dispatch)
-from ..quantization import dequantize
+from ..ops.quant.fp8 import dequantize
 from .checks import assert_close
 from .core import CaseFailure
 from .ep_buffer_scenarios import GEMM_BOUND, Scenario, combine_rows, scenario_inputs, second_tokens

@@ -1,4 +1,4 @@
-"""Scenarios for the distributed `portable_kernels.ep.Buffer`: what each rank runs, and how the
+"""Scenarios for the distributed `portable_kernels.ops.ep.Buffer`: what each rank runs, and how the
 results of all ranks are held to the single-process contract.
 
 A `Scenario` names its inputs (seeded, so any process can rebuild every rank's inputs) and a
@@ -18,11 +18,11 @@ from typing import Any, Sequence
 import attrs
 import torch
 
-from ..ep import Buffer, DispatchResult, LowLatencyDispatchResult
-from ..grouped_gemm import m_grouped_fp8_gemm_nt_masked
+from ..ops.ep import Buffer, DispatchResult, LowLatencyDispatchResult
+from ..ops.gemm.grouped import m_grouped_fp8_gemm_nt_masked
 from ..layouts.fp8_scales import sm100_ue8m0_decode
-from ..numerics import calc_diff
-from ..quantization import dequantize, per_block_cast_to_fp8, per_token_cast_to_fp8
+from ..core.numerics import calc_diff
+from ..ops.quant.fp8 import dequantize, per_block_cast_to_fp8, per_token_cast_to_fp8
 from .ep_cases import (low_latency_expert_outputs, random_routing)
 from .generators import generator, randn
 

@@ -14,12 +14,12 @@ from typing import Sequence
 
 import torch
 
-from ..ep import (COMBINE_BOUND, FP8_DISPATCH_BOUND, NO_EXPERT, CombineResult, DispatchResult,
+from ..ops.ep import (COMBINE_BOUND, FP8_DISPATCH_BOUND, NO_EXPERT, CombineResult, DispatchResult,
                   LowLatencyDispatchResult, get_dispatch_layout, simulate_combine, simulate_dispatch,
                   simulate_low_latency_combine, simulate_low_latency_dispatch)
 from ..layouts.constants import FP8_BLOCK_K
-from ..quantization import dequantize_reference, per_token_cast_to_fp8
-from ..tensors import QuantTensor
+from ..ops.quant.fp8 import dequantize_reference, per_token_cast_to_fp8
+from ..core.tensors import QuantTensor
 from .checks import assert_close, assert_written
 from .core import Case, CaseFailure, conformance_cases
 from .generators import generator, randn

@@ -6,7 +6,7 @@ all-to-all it starts (the header exchange included: it runs as one), the op, wha
 the bytes it sends to each rank. `count_buffer_bytes` is a `run_ranks` target: one Buffer, one
 dispatch (bf16 or FP8, with ids and weights) and one combine of the received rows; it returns the
 rank's routing and the recorded sends, so a test can compare them with
-`portable_kernels.ep.cost.call_traffic` computed from the same routing.
+`portable_kernels.tools.ep_cost.call_traffic` computed from the same routing.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ..ep import Buffer, TorchDistributedTransport
-from ..quantization import per_token_cast_to_fp8
+from ..ops.ep import Buffer, TorchDistributedTransport
+from ..ops.quant.fp8 import per_token_cast_to_fp8
 from .ep_cases import random_routing
 from .generators import randn
 

@@ -81,7 +81,7 @@ def _context() -> Any:
     fraction of a second instead of re-importing torch (seconds per rank on a small CI machine).
     The server forks before any rank touches threads or a process group."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "portable_kernels", "portable_kernels.ep",
+    ctx.set_forkserver_preload(["torch", "portable_kernels", "portable_kernels.ops.ep",
                                 "portable_kernels.testing.ep_distributed"])
     return ctx
 

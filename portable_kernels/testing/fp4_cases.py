@@ -8,14 +8,14 @@ import functools
 
 import torch
 
-from ..fp4 import (FP8_FP4_GEMM_NT, PER_TOKEN_CAST_FP4, SWIGLU_CAST, fp8_fp4_gemm_nt, per_token_cast_to_fp4,
+from ..ops.quant.fp4 import (FP8_FP4_GEMM_NT, PER_TOKEN_CAST_FP4, SWIGLU_CAST, fp8_fp4_gemm_nt, per_token_cast_to_fp4,
                    quantize_fp4_reference, swiglu_forward_and_per_token_cast,
                    swiglu_forward_and_per_token_cast_reference, swiglu_reference, swiglu_rows)
-from ..gemm import gemm_reference
+from ..ops.gemm.dense import gemm_reference
 from ..layouts.constants import MX_BLOCK_K
-from ..prepare import prepare_inputs
-from ..quantization import dequantize_reference, quantize_blocks_reference
-from ..tensors import QuantTensor
+from ..core.prepare import prepare_inputs
+from ..ops.quant.fp8 import dequantize_reference, quantize_blocks_reference
+from ..core.tensors import QuantTensor
 from .checks import assert_close, assert_quantization_matches, assert_written
 from .core import Case, CaseFailure, conformance_cases
 from .generators import generator, poison, randn

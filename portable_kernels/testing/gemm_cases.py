@@ -6,9 +6,9 @@ import functools
 
 import torch
 
-from ..gemm import FP8_GEMM_NT, bf16_gemm_nt, fp8_gemm_nt, gemm_reference
-from ..prepare import prepare_inputs
-from ..quantization import dequantize_reference, per_block_cast_to_fp8, per_token_cast_to_fp8
+from ..ops.gemm.dense import FP8_GEMM_NT, bf16_gemm_nt, fp8_gemm_nt, gemm_reference
+from ..core.prepare import prepare_inputs
+from ..ops.quant.fp8 import dequantize_reference, per_block_cast_to_fp8, per_token_cast_to_fp8
 from .checks import assert_close, assert_written
 from .core import Case, conformance_cases
 from .generators import poison, randn

@@ -8,12 +8,12 @@ import functools
 
 import torch
 
-from ..gemm import gemm_reference
-from ..gemm_transposed import BF16_CONTRACTS, FP8_CONTRACTS, LAYOUTS, bf16_gemm_nn, bf16_gemm_tn, bf16_gemm_tt, \
+from ..ops.gemm.dense import gemm_reference
+from ..ops.gemm.transposed import BF16_CONTRACTS, FP8_CONTRACTS, LAYOUTS, bf16_gemm_nn, bf16_gemm_tn, bf16_gemm_tt, \
     fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
-from ..prepare import prepare_inputs
-from ..quantization import dequantize_reference, quantize_blocks_reference
-from ..tensors import QuantTensor
+from ..core.prepare import prepare_inputs
+from ..ops.quant.fp8 import dequantize_reference, quantize_blocks_reference
+from ..core.tensors import QuantTensor
 from .checks import assert_close, assert_written
 from .core import Case, conformance_cases
 from .generators import poison, randn

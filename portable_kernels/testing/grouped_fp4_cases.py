@@ -8,15 +8,15 @@ import functools
 
 import torch
 
-from ..fp4 import quantize_fp4_reference
-from ..grouped_fp4 import m_grouped_fp8_fp4_gemm_nt_contiguous, m_grouped_fp8_fp4_gemm_nt_masked
-from ..grouped_gemm import get_m_alignment_for_contiguous_layout, grouped_gemm_contiguous_reference, \
+from ..ops.quant.fp4 import quantize_fp4_reference
+from ..ops.gemm.grouped_fp4 import m_grouped_fp8_fp4_gemm_nt_contiguous, m_grouped_fp8_fp4_gemm_nt_masked
+from ..ops.gemm.grouped import get_m_alignment_for_contiguous_layout, grouped_gemm_contiguous_reference, \
     grouped_gemm_masked_reference
 from ..layouts.constants import MX_BLOCK_K
 from ..layouts.moe import contiguous_m_indices, m_indices_from_psum, psum_layout
-from ..prepare import prepare_inputs
-from ..quantization import dequantize_reference, quantize_blocks_reference
-from ..tensors import QuantTensor
+from ..core.prepare import prepare_inputs
+from ..ops.quant.fp8 import dequantize_reference, quantize_blocks_reference
+from ..core.tensors import QuantTensor
 from .core import Case, conformance_cases
 from .generators import poison, randn
 from .grouped_gemm_cases import BF16_OUTPUT_BOUND, _check_rows

@@ -13,15 +13,15 @@ import functools
 
 import torch
 
-from ..contiguous_layout import alignment_override, set_mk_alignment_for_contiguous_layout
-from ..grouped_gemm import (M_GROUPED_FP8_CONTIGUOUS, get_m_alignment_for_contiguous_layout,
+from ..core.alignment import alignment_override, set_mk_alignment_for_contiguous_layout
+from ..ops.gemm.grouped import (M_GROUPED_FP8_CONTIGUOUS, get_m_alignment_for_contiguous_layout,
                             grouped_gemm_contiguous_reference, grouped_gemm_masked_reference,
                             m_grouped_bf16_gemm_nt_contiguous, m_grouped_bf16_gemm_nt_masked,
                             m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked)
 from ..layouts.moe import contiguous_m_indices, m_indices_from_psum, psum_layout
-from ..prepare import prepare_inputs
-from ..quantization import dequantize_reference, quantize_blocks_reference
-from ..tensors import QuantTensor
+from ..core.prepare import prepare_inputs
+from ..ops.quant.fp8 import dequantize_reference, quantize_blocks_reference
+from ..core.tensors import QuantTensor
 from .checks import assert_close, assert_written
 from .core import Case, CaseFailure, conformance_cases
 from .generators import generator, poison, randn

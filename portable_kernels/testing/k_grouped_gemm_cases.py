@@ -8,10 +8,10 @@ import functools
 
 import torch
 
-from ..grouped_gemm import get_m_alignment_for_contiguous_layout
-from ..k_grouped_gemm import (k_grouped_bf16_gemm_tn_contiguous, k_grouped_fp8_gemm_nt_contiguous,
+from ..ops.gemm.grouped import get_m_alignment_for_contiguous_layout
+from ..ops.gemm.k_grouped import (k_grouped_bf16_gemm_tn_contiguous, k_grouped_fp8_gemm_nt_contiguous,
                               k_grouped_fp8_gemm_tn_contiguous)
-from ..quantization import expand_scales, quantize_blocks_reference
+from ..ops.quant.fp8 import expand_scales, quantize_blocks_reference
 from .checks import assert_close, assert_written
 from .core import Case, conformance_cases
 from .generators import randn

@@ -13,10 +13,10 @@ import torch
 
 from ..layouts.constants import KV_FP8_BYTES_PER_TOKEN, KV_LATENT_DIM
 from ..layouts.kv_cache import dequantize_fp8_kv_cache, pack_fp8_kv_cache
-from ..mla import (FLASH_MLA_WITH_KVCACHE, HEAD_DIM_V, INVALID_INDEX, LSE_ABS_TOL, LSE_REL_TOL, OUT_ABS_TOL,
+from ..ops.attention.decode import (FLASH_MLA_WITH_KVCACHE, HEAD_DIM_V, INVALID_INDEX, LSE_ABS_TOL, LSE_REL_TOL, OUT_ABS_TOL,
                    OUT_REL_TOL, MlaMetadata, flash_mla_with_kvcache, get_mla_metadata, mla_decode_reference)
-from ..registry import forced_backend
-from ..tensors import cdiv
+from ..core.registry import forced_backend
+from ..core.tensors import cdiv
 from .checks import assert_close, assert_refused
 from .core import Case, CaseFailure, conformance_cases
 from .generators import generator, poison, randn

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from ..moe_routing import NORMALIZE_EPS, REPLICA_HASH_MULTIPLIER, TOP2_SUM_GATE, top2_sum_gate
+from ..ops.moe_routing import NORMALIZE_EPS, REPLICA_HASH_MULTIPLIER, TOP2_SUM_GATE, top2_sum_gate
 from .checks import assert_close
 from .core import Case, CaseFailure, conformance_cases
 from .generators import generator, randn

@@ -13,10 +13,10 @@ import functools
 import torch
 
 from ..layouts import contiguous_m_indices
-from ..moe_routing import (GROUP_SCORE_TOPK, NORMALIZE_EPS, NORMALIZE_WEIGHT, REDUCE_FUSED, TOP2_SUM_GATE,
+from ..ops.moe_routing import (GROUP_SCORE_TOPK, NORMALIZE_EPS, NORMALIZE_WEIGHT, REDUCE_FUSED, TOP2_SUM_GATE,
                            FusedMapping, expand_to_fused, expand_to_fused_with_sf, get_fused_mapping,
                            normalize_weight, reduce_fused, top2_sum_gate, top2_sum_gate_reference)
-from ..quantization import per_token_cast_to_fp8
+from ..ops.quant.fp8 import per_token_cast_to_fp8
 from .checks import assert_close
 from .core import Case, CaseFailure, conformance_cases
 from .generators import generator, randn

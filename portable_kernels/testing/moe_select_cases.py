@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from ..moe_routing import (AUX_FI, REPLICA_HASH_MULTIPLIER, aux_fi, group_count, inplace_unique_group_indices,
+from ..ops.moe_routing import (AUX_FI, REPLICA_HASH_MULTIPLIER, aux_fi, group_count, inplace_unique_group_indices,
                            map_to_physical_experts, mask_indices_by_tp, topk_gate, topk_sum_and_topk_group_idx)
 from .checks import assert_close
 from .core import Case, CaseFailure, conformance_cases

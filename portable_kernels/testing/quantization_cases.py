@@ -8,10 +8,10 @@ import functools
 
 import torch
 
-from ..gemm import fp8_gemm_nt
-from ..quantization import (PER_TOKEN_CAST, dequantize, dequantize_reference, per_block_cast_to_fp8,
+from ..ops.gemm.dense import fp8_gemm_nt
+from ..ops.quant.fp8 import (PER_TOKEN_CAST, dequantize, dequantize_reference, per_block_cast_to_fp8,
                             per_channel_cast_to_fp8, per_token_cast_to_fp8, quantize_blocks_reference)
-from ..tensors import PreparedTensor, QuantTensor
+from ..core.tensors import PreparedTensor, QuantTensor
 from .checks import assert_close, assert_quantization_matches, assert_refused
 from .core import Case, CaseFailure, conformance_cases
 from .generators import randn

@@ -7,8 +7,8 @@ import functools
 
 import torch
 
-from ..fp4 import swiglu_reference, swiglu_rows
-from ..swiglu import SWIGLU_FORWARD, swiglu_forward
+from ..ops.quant.fp4 import swiglu_reference, swiglu_rows
+from ..ops.swiglu import SWIGLU_FORWARD, swiglu_forward
 from .checks import assert_close
 from .core import Case, CaseFailure, conformance_cases
 from .fp4_cases import _swiglu_inputs

@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from ..topk import DEFAULT_IDX_FILL, DEFAULT_VALUE_FILL, topk
+from ..ops.topk import DEFAULT_IDX_FILL, DEFAULT_VALUE_FILL, topk
 from .checks import assert_refused
 from .core import Case, CaseFailure, conformance_cases
 from .generators import generator, randn

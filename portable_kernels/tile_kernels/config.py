@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from ..checks import check_int
+from ..core.checks import check_int
 
 _num_sms = 0
 

@@ -12,9 +12,9 @@ from typing import Optional
 
 import torch
 
-from .. import moe_routing as _ops
+from ..ops import moe_routing as _ops
 # these portable ops already take TileKernels' arguments in its order and return its types
-from ..moe_routing import (aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp,
+from ..ops.moe_routing import (aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp,
                            normalize_weight, reduce_fused, topk_gate, topk_sum_and_topk_group_idx)
 
 __all__ = ["aux_fi", "expand_to_fused", "expand_to_fused_with_sf", "get_fused_mapping", "group_count",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ContractError, format_problem
-from ..tensors import describe
+from ..core.errors import ContractError, format_problem
+from ..core.tensors import describe
 
 
 def batched_transpose(x: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ Importing this package (done by `import portable_kernels`) defines every op in t
 `portable_kernels` namespace with torch.library — its schema (out arguments declared mutable),
 its implementation (rebuilds prepared operands, calls the public function: registry, plan cache
 and provider run inside) and its fake (output shapes, dtypes and strides without running) — and
-registers each op's route in `portable_kernels.compiled`, which the public function calls under
+registers each op's route in `portable_kernels.core.compiled`, which the public function calls under
 torch.compile. docs/custom-ops.md has the schemas and the rules.
 """
 

@@ -24,11 +24,11 @@ from typing import Any, Callable
 import torch
 from torch.library import Library
 
-from ..contract import OpContract, quant_operand
-from ..errors import ContractError, LayoutError, format_problem
-from ..formats import Format, format_named
-from ..registry import registry, select_backend
-from ..tensors import PreparedTensor, QuantTensor, describe
+from ..core.contract import OpContract, quant_operand
+from ..core.errors import ContractError, LayoutError, format_problem
+from ..core.formats import Format, format_named
+from ..core.registry import registry, select_backend
+from ..core.tensors import PreparedTensor, QuantTensor, describe
 
 #: the namespace of every op: torch.ops.portable_kernels.<name>
 NAMESPACE = "portable_kernels"
@@ -244,8 +244,8 @@ def cast_target(op_name: str, device: torch.device, consumer: str, arg: str) -> 
     (its `prepare_for`), as selected now; ("", "", ()) without a consumer."""
     if not consumer:
         return "", "", ()
-    from ..contract import get_contract
-    from ..prepare import backend_params
+    from ..core.contract import get_contract
+    from ..core.prepare import backend_params
     selection = select_backend(op_name, device, {})
     backend = selection.backend
     target = get_contract(consumer)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..compiled import ROUTES
-from ..ep import dispatch_layout
+from ..core.compiled import ROUTES
+from ..ops.ep import dispatch_layout
 from .boundary import define, fresh, op
 
 

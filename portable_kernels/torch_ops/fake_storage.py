@@ -4,7 +4,7 @@ Format's `encode` produces, for the fake implementations of quantizers asked for
 torch.compile traces ops on fake tensors, so a quantizer called with `prepare_for` must say what
 its outputs will look like in the consumer's Format without running the encoder (the encoders read
 values: the UE8M0 Formats check for powers of two). Each builder allocates exactly as its
-encoder does, with the logical sizes only, so symbolic sizes work; `tests/test_custom_ops.py`
+encoder does, with the logical sizes only, so symbolic sizes work; `tests/core/test_custom_ops.py`
 holds every builder to its encoder's output over a grid of shapes. A plugin that defines its own
 Format registers a builder with `register_fake_storage` (else tracing such a quantizer call raises).
 """
@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from ..errors import LayoutError
-from ..formats import PLAIN, Format
+from ..core.errors import LayoutError
+from ..core.formats import PLAIN, Format
 from ..layouts import (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX, ASCEND_MX_KMAJOR, ASCEND_MX_NZ, MX_BLOCK_K,
                        SM90, SM100, nz_shape)
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from .. import fp4, gemm
-from ..compiled import ROUTES
+from ..ops.quant import fp4
+from ..ops.gemm import dense as gemm
+from ..core.compiled import ROUTES
 from .boundary import OPERAND_ARITY, define, op, operand_args, operand_schema, operands, optional_list
 
 _A, _B = operand_schema("a"), operand_schema("b")

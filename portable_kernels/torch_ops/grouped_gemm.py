@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from .. import grouped_gemm as gg
-from ..compiled import ROUTES
+from ..ops.gemm import grouped as gg
+from ..core.compiled import ROUTES
 from .boundary import OPERAND_ARITY, define, op, operand_args, operand_schema, operands, optional_list
 
 _A, _B = operand_schema("a"), operand_schema("b")

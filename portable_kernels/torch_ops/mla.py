@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from .. import mla
-from ..compiled import ROUTES
-from ..dispatch import plan_for
-from ..errors import ContractError, format_problem
-from ..mla import MlaMetadata, MlaMetadataInputs
+from ..ops.attention import decode as mla
+from ..core.compiled import ROUTES
+from ..core.dispatch import plan_for
+from ..core.errors import ContractError, format_problem
+from ..ops.attention.decode import MlaMetadata, MlaMetadataInputs
 from .boundary import check_ran_on, define, fresh, frozen_new, op, provider_fake, require, selected
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ..compiled import ROUTES
-from ..moe_routing import counts, indices, select
+from ..core.compiled import ROUTES
+from ..ops.moe_routing import counts, indices, select
 from .boundary import define, fresh, op
 
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from ..compiled import ROUTES
-from ..moe_routing import expand as expand_module
-from ..moe_routing import gate, mapping, reduce
-from ..moe_routing.mapping import FusedMapping, _unpack_mapping
-from ..registry import select_backend
-from ..tensors import FP8_DTYPE, QuantTensor
+from ..core.compiled import ROUTES
+from ..ops.moe_routing import expand as expand_module
+from ..ops.moe_routing import gate, mapping, reduce
+from ..ops.moe_routing.mapping import FusedMapping, _unpack_mapping
+from ..core.registry import select_backend
+from ..core.tensors import FP8_DTYPE, QuantTensor
 from .boundary import OPERAND_ARITY, define, fresh, frozen_new, op, operand_args, operand_schema, operands, selected
 
 

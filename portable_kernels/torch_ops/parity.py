@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from .. import attention, gemm_transposed, grouped_fp4, k_grouped_gemm
-from ..compiled import ROUTES
+from ..ops.attention import prefill as attention
+from ..ops.gemm import transposed as gemm_transposed, grouped_fp4, k_grouped as k_grouped_gemm
+from ..core.compiled import ROUTES
 from .boundary import OPERAND_ARITY, define, fresh, op, operand_args, operand_schema, operands, optional_list
 
 _A, _B = operand_schema("a"), operand_schema("b")

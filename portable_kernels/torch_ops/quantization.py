@@ -16,13 +16,13 @@ from typing import Any, Callable
 
 import torch
 
-from .. import fp4, quantization
-from ..block_cast import block_cast as public_block_cast
-from ..compiled import ROUTES
-from ..contract import OpContract, get_contract
-from ..formats import PLAIN, Format
-from ..registry import select_backend
-from ..tensors import FP8_DTYPE, PreparedTensor, QuantTensor
+from ..ops.quant import fp4, fp8 as quantization
+from ..ops.quant.block_cast import block_cast as public_block_cast
+from ..core.compiled import ROUTES
+from ..core.contract import OpContract, get_contract
+from ..core.formats import PLAIN, Format
+from ..core.registry import select_backend
+from ..core.tensors import FP8_DTYPE, PreparedTensor, QuantTensor
 from .boundary import (cast_target, check_ran_on, consumer_name, define, format_of, fresh, frozen_new, op,
                        params_from_strs)
 from .fake_storage import fake_storage

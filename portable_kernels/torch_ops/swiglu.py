@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import swiglu as swiglu_module
-from ..compiled import ROUTES
+from ..ops import swiglu as swiglu_module
+from ..core.compiled import ROUTES
 from .boundary import define, fresh, op
 
 

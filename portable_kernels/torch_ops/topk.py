@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ..compiled import ROUTES
-from ..topk import DEFAULT_IDX_FILL, DEFAULT_VALUE_FILL, TOPK, check_outputs
-from ..topk import topk as public_topk
+from ..core.compiled import ROUTES
+from ..ops.topk import DEFAULT_IDX_FILL, DEFAULT_VALUE_FILL, TOPK, check_outputs
+from ..ops.topk import topk as public_topk
 from .boundary import define, fresh, op
 
 

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from layouts_gen import generator, random_pow2_scales
 
 import portable_kernels as pk
-from portable_kernels.formats import decode_operand, known_formats
+from portable_kernels.core.formats import decode_operand, known_formats
 from portable_kernels.layouts import LayoutConversionError
-from portable_kernels.quantization import dequantized
-from portable_kernels.tensors import QuantTensor
+from portable_kernels.ops.quant.fp8 import dequantized
+from portable_kernels.core.tensors import QuantTensor
 
 #: Formats whose encode may refuse an operand by design (values not exact in their storage dtype)
 MAY_REFUSE = {"ascend-dequantized-bf16"}

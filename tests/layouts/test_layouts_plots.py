@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from portable_kernels import plots
+from portable_kernels.tools import plots
 
 
 def test_plot_scale_layouts_writes_three_pngs(tmp_path):

@@ -1,5 +1,5 @@
 """CUDA C++ kernels of the nvidia backend, built and loaded through deepjit (the library's one
-JIT context, `portable_kernels.native.build.JIT`, so their cubins share the build cache with the
+JIT context, `portable_kernels.core.native.build.JIT`, so their cubins share the build cache with the
 cpu backend's C++ kernels and the shared host layout encoders).
 
 `layout_encoders.cu` holds the GPU encoders of the sm90 and sm100 scale formats that
@@ -23,8 +23,8 @@ import torch
 import deepjit
 from portable_kernels.layouts import SM90, SM100, LayoutConversionError, tma_aligned_mn
 from portable_kernels.layouts.format import Encoded
-from portable_kernels.native import build as native_build
-from portable_kernels.native.layout_encoders import register_device_encoder
+from portable_kernels.core.native import build as native_build
+from portable_kernels.core.native.layout_encoders import register_device_encoder
 
 log = logging.getLogger(__name__)
 _USABLE: dict[tuple[str, int | None], bool] = {}
@@ -37,7 +37,7 @@ THREADS = 256
 
 
 def jit() -> deepjit.JitContext:
-    """The library's one deepjit context (portable_kernels/native/build.py), looked up at each use."""
+    """The library's one deepjit context (portable_kernels/core/native/build.py), looked up at each use."""
     return native_build.JIT
 
 

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
-from portable_kernels.errors import ContractError, format_problem
+from portable_kernels.core.errors import ContractError, format_problem
 
 #: K block sizes (scale granularity along K) the GEMM kernels tile with: powers of two
 GEMM_BLOCK_K = (16, 32, 64, 128, 256)

@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from portable_kernels.gemm import BF16_GEMM_NT, FP8_GEMM_NT, GemmInputs
-from portable_kernels.gemm_transposed import BF16_CONTRACTS
+from portable_kernels.ops.gemm.dense import BF16_GEMM_NT, FP8_GEMM_NT, GemmInputs
+from portable_kernels.ops.gemm.transposed import BF16_CONTRACTS
 from portable_kernels.layouts import SM90
-from portable_kernels.fp4 import FP8_FP4_GEMM_NT
-from portable_kernels.providers import Limit
-from portable_kernels.registry import Registry
+from portable_kernels.ops.quant.fp4 import FP8_FP4_GEMM_NT
+from portable_kernels.core.providers import Limit
+from portable_kernels.core.registry import Registry
 
 from ..kernels._checks import GEMM_BLOCK_K
 from ..vendor import deep_gemm, scaled_mm

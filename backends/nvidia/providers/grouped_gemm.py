@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from portable_kernels.grouped_gemm import (M_GROUPED_BF16_CONTIGUOUS, M_GROUPED_BF16_MASKED, M_GROUPED_FP8_CONTIGUOUS,
+from portable_kernels.ops.gemm.grouped import (M_GROUPED_BF16_CONTIGUOUS, M_GROUPED_BF16_MASKED, M_GROUPED_FP8_CONTIGUOUS,
                                            M_GROUPED_FP8_MASKED, ContiguousGroupedInputs, MaskedGroupedInputs)
-from portable_kernels.registry import Registry
+from portable_kernels.core.registry import Registry
 
 from ..kernels._checks import GEMM_BLOCK_K
 from ..vendor import deep_gemm, grouped_mm

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from portable_kernels.mla import (FLASH_MLA_WITH_KVCACHE, GET_MLA_METADATA, MlaDecodeInputs, MlaMetadataInputs,
+from portable_kernels.ops.attention.decode import (FLASH_MLA_WITH_KVCACHE, GET_MLA_METADATA, MlaDecodeInputs, MlaMetadataInputs,
                                   reject_bad_cache_references)
-from portable_kernels.registry import Registry
+from portable_kernels.core.registry import Registry
 
 from ..vendor import flash_mla
 from ._common import BACKEND, LIBRARY_PRIORITY, TRITON, TRITON_PRIORITY, kernel, triton_devices, triton_reasons

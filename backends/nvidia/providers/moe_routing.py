@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from portable_kernels.moe_routing import EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF, REDUCE_FUSED, TOP2_SUM_GATE
-from portable_kernels.registry import Registry
+from portable_kernels.ops.moe_routing import EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF, REDUCE_FUSED, TOP2_SUM_GATE
+from portable_kernels.core.registry import Registry
 
 from ._common import BACKEND, TRITON, TRITON_PRIORITY, kernel, triton_devices, triton_reasons
 

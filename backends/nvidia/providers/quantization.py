@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from portable_kernels.contract import checks_values
-from portable_kernels.fp4 import PER_TOKEN_CAST_FP4, SWIGLU_CAST, SwigluCastInputs
+from portable_kernels.core.contract import checks_values
+from portable_kernels.ops.quant.fp4 import PER_TOKEN_CAST_FP4, SWIGLU_CAST, SwigluCastInputs
 from portable_kernels.layouts import PLAIN, SM90, SM100
-from portable_kernels.quantization import PER_BLOCK_CAST, PER_TOKEN_CAST, CastInputs, nonfinite_ue8m0_error
-from portable_kernels.registry import Registry
+from portable_kernels.ops.quant.fp8 import PER_BLOCK_CAST, PER_TOKEN_CAST, CastInputs, nonfinite_ue8m0_error
+from portable_kernels.core.registry import Registry
 
 from ._common import BACKEND, SCALE_FORM, TRITON, TRITON_PRIORITY, kernel, triton_devices, triton_reasons
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from portable_kernels.registry import Registry
-from portable_kernels.topk import TOPK, TopkInputs, reject_nan
+from portable_kernels.core.registry import Registry
+from portable_kernels.ops.topk import TOPK, TopkInputs, reject_nan
 
 from ..vendor import deep_select
 from ._common import BACKEND, LIBRARY_PRIORITY, TRITON, TRITON_PRIORITY, kernel, triton_devices, triton_reasons

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from ...errors import ContractError, format_problem
+from ...core.errors import ContractError, format_problem
 from ...layouts.constants import SM100_BLOCKS_PER_WORD
 from ...layouts.fp8_scales import sm90_sfa_encode, sm100_ue8m0_decode, sm100_ue8m0_encode
-from ...quantization import dequantize
-from ...tensors import FP8_DTYPE, QuantTensor, cdiv, describe
+from ...ops.quant.fp8 import dequantize
+from ...core.tensors import FP8_DTYPE, QuantTensor, cdiv, describe
 
 #: TileKernels' element dtypes: FP8 as float8_e4m3fn, FP4 packed two codes per int8
 FP4_DTYPES = (torch.int8, torch.uint8)

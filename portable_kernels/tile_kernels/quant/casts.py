@@ -13,11 +13,11 @@ from typing import Any, Optional
 
 import torch
 
-from ...block_cast import block_cast
-from ...checks import check_int
-from ...errors import ContractError, format_problem
+from ...ops.quant.block_cast import block_cast
+from ...core.checks import check_int
+from ...core.errors import ContractError, format_problem
 from ...layouts.fp4 import e2m1_decode, unpack_e2m1
-from ...tensors import cdiv, describe
+from ...core.tensors import cdiv, describe
 from ._scales import FP4_DTYPES, check_storage_flags, dequantized_input, logical_scales, store_scales
 
 #: TileKernels' names of the cast formats provided here

@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 
 from portable_kernels import Backend, PreparedTensor, Registry
-from portable_kernels.formats import Decoded, Encoded, Format
-from portable_kernels.gemm import gemm_reference
-from portable_kernels.oracle import register_reference
-from portable_kernels.quantization import PER_BLOCK_CAST, PER_TOKEN_CAST, dequantize_reference
-from portable_kernels.tensors import QuantTensor
+from portable_kernels.core.formats import Decoded, Encoded, Format
+from portable_kernels.ops.gemm.dense import gemm_reference
+from portable_kernels.core.oracle import register_reference
+from portable_kernels.ops.quant.fp8 import PER_BLOCK_CAST, PER_TOKEN_CAST, dequantize_reference
+from portable_kernels.core.tensors import QuantTensor
 
 NAME = "example"
 

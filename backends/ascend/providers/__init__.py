@@ -1,0 +1,1 @@
+"""The ascend backend's providers (torch_npu, per chip)."""

@@ -1,0 +1,1 @@
+"""Attention contracts (FlashMLA names): MLA decode over a paged cache and its extensions, prefill."""

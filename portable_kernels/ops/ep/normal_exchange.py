@@ -1,0 +1,313 @@
+"""Normal-mode dispatch and combine over a transport (one rank's side of the exchange).
+
+Dispatch: each token goes once to each rank in its `is_token_in_rank` row, in (destination,
+token) order, so every rank receives rows ordered by source rank, then source token — DeepEP's
+order. Two payload collectives: the token rows (received straight into `recv_x`, no unpacking
+copy), and one packed metadata row per token (FP8 scales, top-k ids and weights, source index).
+Combine sends the received rows back in the order they arrived (straight from x, no packing) and
+each source rank adds the returned rows of each token in fp32. Before any row moves, the header
+carries fingerprints of the source indices each rank will return and of the tokens each rank
+sent, so a handle from another dispatch or rows in another order are refused on every rank.
+
+Each op is split in `plan_*` (local: validate, order, count; builds the header) and `run_*`
+(after every rank agreed: move the payload). Argument validation lives in the Buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from ...core.errors import ContractError, format_problem
+from ...layouts.moe import aligned_counts
+from .agreement import Agreement
+from .constants import NO_EXPERT
+from .results import DispatchHandle
+from .transport import Transport
+from .workspace import Workspace
+from .wire import FORMS, Field, as_bytes, fingerprints, pack_rows, row_bytes, unpack_rows
+
+
+#: rows per fp32 chunk of the combine's accumulation
+COMBINE_CHUNK_ROWS = 64
+
+
+@attrs.frozen(eq=False)
+class DispatchPlan:
+    """One rank's dispatch, ready to run: what goes where and what the header says."""
+
+    x: torch.Tensor                      # token data [T, H] (fp8 data for an FP8 pair)
+    scales: torch.Tensor | None          # fp32 [T, H/128] for FP8
+    is_token_in_rank: torch.Tensor       # bool [T, R]
+    dest_token: torch.Tensor             # int64 [S]: the token of each sent row, destination-major
+    send_rows: list[int]
+    topk_idx: torch.Tensor | None
+    topk_weights: torch.Tensor | None
+    num_experts: int                     # 0 in a cached dispatch
+    num_tokens_per_expert: torch.Tensor | None
+    expert_alignment: int
+    num_worst_tokens: int
+    handle: DispatchHandle | None        # the cached handle
+    fields: dict[Field, int]
+    expect_rows: list[int] | None
+    must_match: tuple[Field, ...]
+
+
+def _meta_parts(plan: DispatchPlan) -> list[torch.Tensor]:
+    """Per-token metadata travelling beside the rows: scales, ids, weights, source index."""
+    parts = [] if plan.scales is None else [plan.scales]
+    if plan.handle is None:
+        if plan.topk_idx is not None:
+            parts.append(plan.topk_idx)
+            if plan.topk_weights is not None:
+                parts.append(plan.topk_weights)
+        parts.append(torch.arange(plan.x.shape[0], dtype=torch.int32, device=plan.x.device))
+    return parts
+
+
+def plan_dispatch(x: torch.Tensor, scales: torch.Tensor | None, is_token_in_rank: torch.Tensor,
+                  topk_idx: torch.Tensor | None, topk_weights: torch.Tensor | None, num_experts: int,
+                  num_tokens_per_expert: torch.Tensor | None, expert_alignment: int, num_worst_tokens: int,
+                  handle: DispatchHandle | None, budget: int) -> DispatchPlan:
+    num_ranks = is_token_in_rank.shape[1]
+    dest, token = is_token_in_rank.T.nonzero(as_tuple=True)
+    send_rows = torch.bincount(dest, minlength=num_ranks).tolist()
+    expect = None
+    if handle is not None:
+        ends = handle.rank_prefix_matrix[:, handle.rank].long()
+        expect = (ends - torch.cat((ends.new_zeros(1), ends[:-1]))).tolist()
+    plan = DispatchPlan(x, scales, is_token_in_rank, token, send_rows, topk_idx, topk_weights, num_experts,
+                        num_tokens_per_expert, expert_alignment, num_worst_tokens, handle, {}, expect, ())
+    meta_bytes = sum(row_bytes(p) for p in _meta_parts(plan))
+    fields = {Field.NUM_EXPERTS: num_experts, Field.HIDDEN: x.shape[1],
+              Field.FORM: FORMS["fp8" if scales is not None else x.dtype],
+              Field.NUM_TOPK: 0 if topk_idx is None else topk_idx.shape[1],
+              Field.HAS_WEIGHTS: int(topk_weights is not None), Field.NUM_TOKENS: x.shape[0],
+              Field.BUDGET: budget, Field.MAX_TOKENS: num_worst_tokens,
+              Field.ROW_BYTES: row_bytes(x) + meta_bytes}
+    must = (Field.HIDDEN, Field.FORM, Field.NUM_TOPK, Field.HAS_WEIGHTS, Field.ROW_BYTES)
+    if handle is None:
+        must += (Field.NUM_EXPERTS,)
+    return attrs.evolve(plan, fields=fields, must_match=must)
+
+
+def staging_need(agreement: Agreement, rank: int) -> int:
+    """Bytes rank stages for this call: the larger of its sent and received rows, at the call's row size."""
+    sent, received = sum(agreement.send_rows(rank)), sum(agreement.recv_rows(rank))
+    return max(sent, received) * agreement.field(Field.ROW_BYTES, rank)
+
+
+def _check_worst_tokens(op: str, agreement: Agreement, description: str) -> None:
+    """Every rank knows every rank's receive count, so this refusal happens on all ranks alike."""
+    for r in range(len(agreement.send)):
+        worst, received = agreement.field(Field.MAX_TOKENS, r), sum(agreement.recv_rows(r))
+        if worst and received > worst:
+            raise ContractError(format_problem(op, "num_worst_tokens", f"{worst} on rank {r} of {description}",
+                                               f"at least the {received} rows that rank receives",
+                                               "raise num_worst_tokens (num_tokens * num_ranks always fits)"))
+
+
+@attrs.frozen(eq=False)
+class StagedDispatch:
+    """The send side packed (while the header is in flight): token rows and their metadata rows."""
+
+    rows: torch.Tensor                   # uint8 [S, row bytes], destination-major
+    meta: torch.Tensor | None            # uint8 [S, metadata bytes] or None
+    meta_specs: list[tuple[torch.dtype, tuple[int, ...]]]
+
+
+def stage_dispatch(plan: DispatchPlan, workspace: Workspace) -> StagedDispatch:
+    data_bytes = as_bytes(plan.x)
+    rows = workspace.take("dispatch-send", (plan.dest_token.numel(), data_bytes.shape[1]), torch.uint8, plan.x.device)
+    torch.index_select(data_bytes, 0, plan.dest_token, out=rows)
+    parts = _meta_parts(plan)
+    if not parts:  # a cached bf16 dispatch moves the rows alone
+        return StagedDispatch(rows, None, [])
+    meta = workspace.take("dispatch-meta-send", (plan.dest_token.numel(), sum(row_bytes(p) for p in parts)),
+                          torch.uint8, plan.x.device)
+    pack_rows(parts, plan.dest_token, out=meta)
+    return StagedDispatch(rows, meta, [(p.dtype, tuple(p.shape[1:])) for p in parts])
+
+
+def _skips_self(me: int, num_ranks: int, own_rows: int) -> bool:
+    """Whether this rank's rows to itself stay out of the collective: when its block is the first or
+    last of both the send and the receive order (ranks 0 and R-1), so the others' blocks stay
+    contiguous. A backend's copy to self is slower than a plain copy (on Gloo by an order of
+    magnitude: benchmarks/ep_bench.py --primitives)."""
+    return num_ranks > 1 and own_rows > 0 and me in (0, num_ranks - 1)
+
+
+def _start_rows(transport: Transport, op: str, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
+                in_splits: list[int]) -> Any:
+    """all_to_all of row blocks; ranks 0 and R-1 copy their own block themselves, in place."""
+    me = transport.rank
+    own = in_splits[me]
+    if not _skips_self(me, len(in_splits), own):
+        return transport.start_all_to_all(out, inp, out_splits, in_splits, op)
+    others_in = inp[own:] if me == 0 else inp[:inp.shape[0] - own]
+    others_out = out[own:] if me == 0 else out[:out.shape[0] - own]
+    splits_out, splits_in = list(out_splits), list(in_splits)
+    splits_out[me] = splits_in[me] = 0
+    pending = transport.start_all_to_all(others_out, others_in, splits_out, splits_in, op)
+    # the own block is copied while the collective runs (disjoint rows of out)
+    (out[:own] if me == 0 else out[out.shape[0] - own:]).copy_(inp[:own] if me == 0 else inp[inp.shape[0] - own:])
+    return pending
+
+
+def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, staged: StagedDispatch, agreement: Agreement,
+                 workspace: Workspace) -> tuple[Any, ...]:
+    """Move the rows; returns DeepEP's (recv_x, recv_topk_idx, recv_topk_weights, counts, handle)."""
+    _check_worst_tokens(op, agreement, transport.description)
+    device, me, num_ranks = plan.x.device, transport.rank, transport.num_ranks
+    recv_splits = agreement.recv_rows()
+    received = sum(recv_splits)
+    rows = max(received, plan.num_worst_tokens)
+
+    recv_x = torch.empty((rows, plan.x.shape[1]), dtype=plan.x.dtype, device=device)
+    recv_bytes = as_bytes(recv_x[:received])
+    # both collectives in flight at once: the metadata rides beside the rows
+    moving = [_start_rows(transport, op, recv_bytes, staged.rows, recv_splits, plan.send_rows)]
+    unpacked: list[torch.Tensor] = []
+    if staged.meta is not None:
+        meta = workspace.take("dispatch-meta", (received, staged.meta.shape[1]), torch.uint8, device)
+        moving.append(transport.start_all_to_all(meta, staged.meta, recv_splits, plan.send_rows, op))
+    for pending in moving:
+        pending.wait()
+    if staged.meta is not None:
+        unpacked = unpack_rows(meta, staged.meta_specs)
+
+    def padded(t: torch.Tensor, fill: float | int) -> torch.Tensor:
+        if rows == received:
+            return t
+        out = torch.full((rows, *t.shape[1:]), fill, dtype=t.dtype, device=device)
+        out[:received] = t
+        return out
+
+    recv_scales = padded(unpacked.pop(0), 0) if plan.scales is not None else None
+    out_x = recv_x if recv_scales is None else (recv_x, recv_scales)
+    if plan.handle is not None:
+        return out_x, None, None, None, None
+
+    recv_idx = recv_w = None
+    per_rank = plan.num_experts // num_ranks
+    if plan.topk_idx is not None:
+        ids = unpacked.pop(0)
+        local = ids.long() - me * per_rank
+        is_local = (local >= 0) & (local < per_rank)
+        recv_idx = padded(torch.where(is_local, local, NO_EXPERT).to(ids.dtype), NO_EXPERT)
+        if plan.topk_weights is not None:
+            w = unpacked.pop(0)
+            recv_w = padded(torch.where(is_local, w, torch.zeros((), dtype=w.dtype, device=device)), 0)
+        counts = torch.bincount(local[is_local], minlength=per_rank)
+    else:
+        counts = _exchange_expert_counts(transport, op, plan, per_rank)
+    src_idx = unpacked.pop(0).view(-1)
+    prefix = torch.tensor(agreement.send, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+    handle = DispatchHandle(me, prefix, src_idx, plan.is_token_in_rank, plan.num_worst_tokens)
+    listed = [] if plan.num_worst_tokens else [int(c) for c in aligned_counts(counts.cpu(), plan.expert_alignment)]
+    return out_x, recv_idx, recv_w, listed, handle
+
+
+def _exchange_expert_counts(transport: Transport, op: str, plan: DispatchPlan, per_rank: int) -> torch.Tensor:
+    """Without topk_idx the receiver cannot count per expert: each rank sends its
+    num_tokens_per_expert slice to the rank owning those experts (DeepEP's rule)."""
+    num_ranks = transport.num_ranks
+    mine = plan.num_tokens_per_expert.to(torch.int64).view(num_ranks, per_rank).contiguous()
+    theirs = torch.empty_like(mine)
+    transport.all_to_all(theirs, mine, [1] * num_ranks, [1] * num_ranks, op)
+    return theirs.sum(dim=0)
+
+
+@attrs.frozen(eq=False)
+class CombinePlan:
+    x: torch.Tensor                      # [N, H]: the received rows, in dispatch order
+    handle: DispatchHandle
+    topk_weights: torch.Tensor | None    # fp32 [N, k]
+    biases: tuple[torch.Tensor, ...]
+    sent_tokens: torch.Tensor            # int64: this rank's tokens in the order it dispatched them
+    send_rows: list[int]                 # rows back to each source rank
+    expect_rows: list[int]               # rows this rank sent to each rank at dispatch
+    send_marks: list[int]                # fingerprint of the source indices returned to each rank
+    expect_marks: list[int]              # fingerprint of the tokens this rank sent to each rank
+    fields: dict[Field, int]
+    must_match: tuple[Field, ...] = (Field.HIDDEN, Field.FORM, Field.NUM_TOPK, Field.HAS_WEIGHTS, Field.ROW_BYTES)
+
+
+def plan_combine(x: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Tensor | None,
+                 biases: tuple[torch.Tensor, ...], budget: int) -> CombinePlan:
+    received = handle.recv_src_idx.shape[0]
+    x, topk_weights = x[:received], None if topk_weights is None else topk_weights[:received]
+    ends = handle.rank_prefix_matrix[:, handle.rank].long()
+    send_rows = (ends - torch.cat((ends.new_zeros(1), ends[:-1]))).tolist()
+    dest, sent_tokens = handle.is_token_in_rank.T.nonzero(as_tuple=True)
+    expect_rows = torch.bincount(dest, minlength=len(send_rows)).tolist()
+    send_marks = fingerprints(handle.recv_src_idx, send_rows)
+    expect_marks = fingerprints(sent_tokens, expect_rows)
+    meta = 0 if topk_weights is None else row_bytes(topk_weights)
+    fields = {Field.HIDDEN: x.shape[1], Field.FORM: FORMS[x.dtype],
+              Field.NUM_TOPK: 0 if topk_weights is None else topk_weights.shape[1],
+              Field.HAS_WEIGHTS: int(topk_weights is not None), Field.NUM_TOKENS: handle.num_tokens,
+              Field.BUDGET: budget, Field.ROW_BYTES: row_bytes(x) + meta}
+    return CombinePlan(x, handle, topk_weights, biases, sent_tokens, send_rows, expect_rows, send_marks, expect_marks,
+                       fields)
+
+
+def _accumulate(out: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, chunk: torch.Tensor) -> None:
+    """out[tokens[i]] += fp32(rows[i]), through the reused fp32 `chunk` so the converted rows stay
+    cache-sized (no [S, H] fp32 copy)."""
+    for start in range(0, rows.shape[0], chunk.shape[0]):
+        stop = min(start + chunk.shape[0], rows.shape[0])
+        converted = chunk[:stop - start]
+        converted.copy_(rows[start:stop])
+        out.index_add_(0, tokens[start:stop], converted)
+
+
+def run_combine(transport: Transport, op: str, plan: CombinePlan, agreement: Agreement, workspace: Workspace
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rows come back in the order this rank dispatched its tokens (the header's fingerprints
+    proved it on every rank), so they are added at `sent_tokens` without source indices. The rows
+    this rank returns to itself are added from x while the collective moves the others; per token
+    the fp32 sum runs over this rank's rows first, then the other ranks' in rank order."""
+    device, me, hidden = plan.x.device, transport.rank, plan.x.shape[1]
+    recv_splits = agreement.recv_rows()
+    returned = sum(recv_splits)
+    own_x = sum(plan.send_rows[:me])        # this rank's own rows: a block of x ...
+    own = sum(recv_splits[:me])             # ... and the same block of the returned rows
+    own_end = own + recv_splits[me]
+    # the own block never enters the collective: it is added straight from x below
+    others = returned - recv_splits[me]
+    rows = workspace.take("combine-recv", (others, hidden), plan.x.dtype, device)
+    x_bytes = as_bytes(plan.x)
+    if own_x == 0 or own_x + recv_splits[me] == plan.x.shape[0]:  # the own block is at an end of x
+        send = x_bytes[recv_splits[me]:] if own_x == 0 else x_bytes[:own_x]
+    else:
+        send = workspace.take("combine-send", (plan.x.shape[0] - recv_splits[me], x_bytes.shape[1]), torch.uint8,
+                              device)
+        send[:own_x] = x_bytes[:own_x]
+        send[own_x:] = x_bytes[own_x + recv_splits[me]:]
+    out_splits, in_splits = list(recv_splits), list(plan.send_rows)
+    out_splits[me] = in_splits[me] = 0
+    moving = [transport.start_all_to_all(as_bytes(rows), send, out_splits, in_splits, op)]
+    back = None
+    if plan.topk_weights is not None:
+        back = workspace.take("combine-weights", (returned, plan.topk_weights.shape[1]), torch.float32, device)
+        moving.append(transport.start_all_to_all(back, plan.topk_weights.contiguous(), recv_splits, plan.send_rows,
+                                                 op))
+    num_tokens = plan.handle.num_tokens
+    out = workspace.take("combine-sum", (num_tokens, hidden), torch.float32, device).zero_()
+    chunk = workspace.take("combine-chunk", (max(min(COMBINE_CHUNK_ROWS, returned), 1), hidden), torch.float32,
+                           device)
+    _accumulate(out, plan.x[own_x:own_x + recv_splits[me]], plan.sent_tokens[own:own_end], chunk)
+    for pending in moving:
+        pending.wait()
+    _accumulate(out, rows[:own], plan.sent_tokens[:own], chunk)
+    _accumulate(out, rows[own:], plan.sent_tokens[own_end:], chunk)
+    for bias in plan.biases:
+        out += bias.float()
+    weights = None
+    if back is not None:
+        weights = torch.zeros((num_tokens, back.shape[1]), dtype=torch.float32, device=device)
+        weights.index_add_(0, plan.sent_tokens, back)
+    return out.to(plan.x.dtype), weights

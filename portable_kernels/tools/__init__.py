@@ -1,0 +1,1 @@
+"""The tools built on the public ops: bench, demo, the EP cost model, layout plots."""

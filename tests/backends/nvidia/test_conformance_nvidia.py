@@ -1,0 +1,35 @@
+"""Conformance of the nvidia backend in emulation (CPU tensors, Triton's interpreter): every case
+passes, and every GEMM, MLA, top-k, quantizer and routing case is run by the Triton provider —
+none by the layout-reference oracle (fp16 MLA, DeepGEMM's 224-row segment alignment and its FP4
+rounding included)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+#: ops whose every passing case must have run on the Triton kernels
+TRITON_OPS = (
+    "fp8_gemm_nt", "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "fp8_fp4_gemm_nt",
+    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked", "m_grouped_bf16_gemm_nt_masked",
+    "per_token_cast_to_fp8", "per_block_cast_to_fp8", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast",
+    "topk", "get_mla_metadata", "flash_mla_with_kvcache",
+    "top2_sum_gate", "expand_to_fused", "expand_to_fused_with_sf", "reduce_fused",
+)
+
+
+@pytest.fixture(scope="module", params=["sm90", "sm100"])
+def report(request, conformance_report):
+    return conformance_report("nvidia", arch=request.param)  # the run tests/core/test_conformance.py checks too
+
+
+def test_every_case_passes(report):
+    assert report.ok, report.format_table()
+
+
+@pytest.mark.parametrize("op", TRITON_OPS)
+def test_the_triton_provider_runs_every_case(report, op):
+    r = report.ops[op]
+    assert r.passed > 0 and r.providers == {"triton": r.passed}, report.format_table()
