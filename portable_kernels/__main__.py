@@ -41,6 +41,8 @@ def _doctor(args: argparse.Namespace) -> int:
             print(f"    {op}:")
             for provider in providers:
                 print(f"      {provider.describe()}")
+            if op in info.not_mapped:
+                print(f"      not mapped: {info.not_mapped[op]}")
     _native_report()
     return 0
 

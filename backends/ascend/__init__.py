@@ -55,6 +55,7 @@ class AscendBackend(Backend):
     emulation = True
     moe_alignment = ASCEND_MOE_ALIGNMENT
     options = {"soc": chips.CHIPS, "scales": SCALES}
+    not_mapped = torch_npu_providers.NOT_MAPPED
 
     def unavailable_reason(self) -> str | None:
         return runtime.unavailable_reason()

@@ -13,8 +13,6 @@ first kernel call (see kernels/runtime.py), else the layout oracle answers.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any, Mapping
 
 import torch
@@ -76,10 +74,4 @@ def register(registry: Registry) -> None:
     except Exception as exc:
         registry.record_broken(f"{NAME}.cuda_encoders", exc)
     from . import providers
-    for info in sorted(pkgutil.iter_modules(providers.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        try:  # one broken family must not take the other families' providers with it
-            importlib.import_module(f"{providers.__name__}.{info.name}").register(registry)
-        except Exception as exc:
-            registry.record_broken(f"{NAME}.{info.name}", exc)
+    registry.register_modules(providers, NAME)

@@ -22,7 +22,7 @@ from .contract import OpContract
 from .errors import NoKernelError
 from .prepare import to_backend
 from .providers import Inputs, Provider
-from .registry import _REGISTRY, Selection, _forced, common_device, registry, select_backend
+from .registry import REGISTRY, Selection, common_device, forced_key, not_mapped_reasons, registry, select_backend
 from .tensors import PreparedTensor, QuantTensor
 
 #: plans kept before the cache is reset (a guard against unbounded growth, not an LRU)
@@ -68,7 +68,7 @@ class Plan:
             if not verdict:
                 return provider
             verdicts.append(verdict)
-        declined = dict(self.reasons or {})  # built only when no provider runs
+        declined = {**not_mapped_reasons(self.selection.backend, self.contract.name), **(self.reasons or {})}
         declined.update((p.name, v) for p, v in zip(self.candidates, verdicts))
         raise NoKernelError(self.contract.name, self.backend, declined)
 
@@ -124,7 +124,7 @@ def _select(contract: OpContract, inputs: Inputs) -> Selection:
 def selection_for(contract: OpContract, inputs: Inputs) -> Selection:
     """The backend (and its options) that runs this call — cached like plans."""
     _, selections = _caches()
-    key = (contract.name, _forced.get(), inputs.signature())
+    key = (contract.name, forced_key(), inputs.signature())
     selection = selections.get(key)
     if selection is None:
         selection = selections[key] = _select(contract, inputs)
@@ -171,9 +171,9 @@ def _make_plan(contract: OpContract, inputs: Inputs) -> Plan:
 
 def plan_for(contract: OpContract, inputs: Inputs) -> Plan:
     """The cached plan for calls with this signature (built on first use)."""
-    key = (contract.name, _forced.get(), inputs.signature())
+    key = (contract.name, forced_key(), inputs.signature())
     plan = _plans.get(key)
-    if plan is None or _REGISTRY.generation != _generation:
+    if plan is None or REGISTRY.generation != _generation:
         plans, _ = _caches()
         plan = plans[key] = _make_plan(contract, inputs)
     return plan

@@ -2,6 +2,7 @@
 
 - `register_reference`: a contract's reference kernel as a backend's provider for operands in the
   PLAIN format (the cpu backend's "reference").
+- `register_references`: that, for every contract with a reference kernel (the cpu backend).
 - `register_oracles`: every backend's "layout-reference" provider at the lowest priority: it
   decodes each prepared operand from the backend's own Format (`inputs.decoded()`, i.e. the
   Format's decode) and runs the contract's reference kernel. It proves a byte format carries the
@@ -34,6 +35,14 @@ def register_reference(registry: Registry, backend: str, contract: OpContract, n
         raise ValueError(f"contract {contract.name!r} has no reference kernel")
     registry.kernel(contract.name, backend, name, priority=priority, formats=reference_formats(contract),
                     doc="the contract's torch math")(contract.kernel)
+
+
+def register_references(registry: Registry, backend: str) -> None:
+    """Register the reference kernel of every contract that has one as `backend`'s provider
+    "reference" (PLAIN operands): the whole of a backend whose bytes are the logical ones."""
+    for contract in contracts().values():
+        if contract.kernel is not None:
+            register_reference(registry, backend, contract)
 
 
 def layout_oracle(contract: OpContract) -> Callable[[Any], Any]:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 import logging
+import pkgutil
 import threading
 from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
 
 import attrs
@@ -39,6 +42,8 @@ class Backend:
                    prepared inputs); its bytes are then checked by the same contracts on the CPU
     moe_alignment: per-expert segment alignment its grouped GEMM wants (NVIDIA 128, Ascend 256)
     options:       the options it understands, each with its allowed values (nvidia: arch)
+    not_mapped:    op -> why this backend has no kernel of its own for it (the oracle answers;
+                   NoKernelError and doctor quote the reason)
     """
 
     name: str = ""
@@ -47,6 +52,7 @@ class Backend:
     #: row alignment of each expert segment in the MoE contiguous layout (DeepGEMM: 128)
     moe_alignment: int = 128
     options: Mapping[str, tuple[Any, ...]] = {}
+    not_mapped: Mapping[str, str] = {}
 
     def unavailable_reason(self) -> str | None:
         """None when the backend can run on its native devices here, else why not."""
@@ -73,6 +79,8 @@ class Backend:
 #: (backend name, options as sorted pairs) forced by use_backend, or None
 _forced: contextvars.ContextVar[tuple[str, tuple[tuple[str, Any], ...]] | None] = contextvars.ContextVar(
     "portable_kernels_forced_backend", default=None)
+#: the forced (backend, options) as stored (hashable, no copy): the cache key dispatch uses per call
+forced_key = _forced.get
 
 
 def check_options(backend: Backend, options: Mapping[str, Any], where: str) -> None:
@@ -190,6 +198,19 @@ class Registry:
         except Exception as exc:  # a broken plugin must not break the library
             self.record_broken(name, exc)
 
+    def register_modules(self, package: ModuleType, label: str) -> None:
+        """Call `register(self)` of every module of `package` whose name does not start with "_", in
+        name order: a backend's providers/ folder (one module per op family, no central list). A
+        module that fails to import or register is recorded as broken ("<label>.<module>") and the
+        others still register."""
+        for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+            if info.name.startswith("_"):
+                continue
+            try:
+                importlib.import_module(f"{package.__name__}.{info.name}").register(self)
+            except Exception as exc:
+                self.record_broken(f"{label}.{info.name}", exc)
+
     def record_broken(self, name: str, exc: BaseException) -> None:
         """Remember that a plugin (or one part of one, e.g. "cpu.mla") failed to load, and why."""
         log.warning("backend plugin %r failed to load: %s", name, exc)
@@ -229,7 +250,7 @@ class Registry:
         (uncached: `portable_kernels.core.dispatch` caches this choice for calls)."""
         chosen = first_accepting(self.providers(op, backend), inputs)
         if isinstance(chosen, dict):
-            raise NoKernelError(op, backend, chosen)
+            raise NoKernelError(op, backend, {**not_mapped_reasons(self._backends.get(backend), op), **chosen})
         return chosen
 
     def backend_for_device(self, device: torch.device) -> Backend:
@@ -244,6 +265,14 @@ class Registry:
 
 
 _REGISTRY = Registry()
+#: the process-wide registry (what registry() returns), for the hot path's generation check
+REGISTRY = _REGISTRY
+
+
+def not_mapped_reasons(backend: Backend | None, op: str) -> dict[str, list[str]]:
+    """The backend's own word on why it has no kernel for `op`, as a NoKernelError reason entry."""
+    why = None if backend is None else backend.not_mapped.get(op)
+    return {"not mapped": [why]} if why else {}
 
 
 def registry() -> Registry:
@@ -340,6 +369,7 @@ class BackendInfo:
     providers: Mapping[str, tuple[str, ...]]
     formats: tuple[Format, ...] = ()
     details: Mapping[str, tuple[Provider, ...]] = attrs.field(factory=dict)
+    not_mapped: Mapping[str, str] = attrs.field(factory=dict)
 
 
 def _device_present(device_type: str) -> bool:
@@ -377,7 +407,7 @@ def available_backends() -> dict[str, BackendInfo]:
         details = {op: tuple(reg.providers(op, name)) for op in reg.ops(name)}
         providers = {op: tuple(p.name for p in ps) for op, ps in details.items()}
         out[name] = BackendInfo(name, tuple(backend.device_types), reason is None, reason, backend.emulation,
-                                providers, formats, details)
+                                providers, formats, details, dict(backend.not_mapped))
     for name, reason in reg.broken_plugins().items():
         out.setdefault(name, BackendInfo(name, (), False, f"plugin failed to load: {reason}", False, {}))
     return out

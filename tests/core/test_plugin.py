@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-PLUGIN = Path(__file__).parent / "plugins" / "pk_example_backend"
+PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "pk_example_backend"
 
 PROBE = r"""
 import json, torch, portable_kernels as pk

@@ -105,6 +105,36 @@ def test_no_kernel_error_lists_every_provider_and_every_reason():
     assert "a wants even n" in str(info.value) and "runs on cuda tensors" in str(info.value)
 
 
+def test_no_kernel_error_quotes_the_backends_not_mapped_reason():
+    class _Unmapped(_Toy):
+        name = "unmapped"
+        not_mapped = {"topk": "no vendor op ranks ties this way"}
+
+    reg = _toy_registry()
+    reg.add_backend(_Unmapped())
+    reg.kernel("topk", "unmapped", "a", limits=[Limit("n", max=2)])(lambda call: None)
+    with pytest.raises(pk.NoKernelError) as info:
+        reg.select_provider("topk", "unmapped", _topk_inputs(3))
+    assert info.value.reasons["not mapped"] == ["no vendor op ranks ties this way"]
+    assert "no vendor op ranks ties this way" in str(info.value)
+
+
+def test_register_modules_isolates_a_broken_module(tmp_path, monkeypatch):
+    pkg = tmp_path / "toy_providers"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a_broken.py").write_text("raise ImportError('no such vendor library')\n")
+    (pkg / "b_topk.py").write_text(
+        "def register(registry):\n    registry.kernel('topk', 'toy', 'b')(lambda call: 'b')\n")
+    (pkg / "_private.py").write_text("raise AssertionError('modules starting with _ are not registered')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import toy_providers
+    reg = _toy_registry()
+    reg.register_modules(toy_providers, "toy")
+    assert [p.name for p in reg.providers("topk", "toy")] == ["b"]
+    assert "no such vendor library" in reg.broken_plugins()["toy.a_broken"]
+
+
 def test_an_exception_inside_a_check_is_a_reason_not_a_crash():
     reg = _toy_registry()
 

@@ -41,7 +41,8 @@ GMM_INNER_LIMIT = 65535
 HEADS = {"a2a3": npu_mla.A2A3_MLA_HEADS, "950-sfa": tuple(range(1, 129)),
          "950-kvq": (1, 2, 4, 8, 16, 32, 48, 64, 128)}
 
-#: ops with no CANN mapping, and why (docs/ascend.md)
+#: ops with no CANN mapping, and why (docs/ascend.md): the backend's `not_mapped`, quoted by doctor
+#: and NoKernelError; the layout-reference oracle runs them
 NOT_MAPPED = {
     "fp8_fp4_gemm_nt": "npu_quant_matmul's MX A8W4 mode exists (aclnnQuantMatmulV5), but the packed "
                        "float4_e2m1fn_x2 x2 shape torch_npu expects and its nibble order are not documented",
@@ -428,15 +429,6 @@ def _register_mla(registry: Registry) -> None:
 
 # -- not mapped ------------------------------------------------------------------------------------------------
 
-def _not_mapped(op: str, reason: str) -> tuple[Callable[[Any], list[str]], Callable[[Any], None]]:
-    def declines(inputs: Any) -> list[str]:
-        return [f"not mapped to a CANN op: {reason}"]
-
-    def never(call: Any) -> None:
-        raise BackendUnavailableError(f"{op}: no torch_npu mapping ({reason})")
-    return declines, never
-
-
 def register(registry: Registry) -> None:
     """Register every torch_npu provider of the ascend backend."""
     _register_gemm(registry)
@@ -444,7 +436,3 @@ def register(registry: Registry) -> None:
     _register_casts(registry)
     _register_selection(registry)
     _register_mla(registry)
-    for op, reason in NOT_MAPPED.items():
-        declines, never = _not_mapped(op, reason)
-        registry.kernel(op, "ascend", PROVIDER, priority=PRIORITY, check=declines,
-                        doc=f"not mapped: {reason}")(never)

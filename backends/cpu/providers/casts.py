@@ -16,9 +16,8 @@ from portable_kernels.core.native.build import F32, I32, I64, PTR, NativeLibrary
 from portable_kernels.ops.quant.fp8 import refusing_nonfinite_ue8m0
 from portable_kernels.core.tensors import cdiv
 
-from .._names import BACKEND
+from .._names import BACKEND, NATIVE
 from . import _checks as chk
-from ._names import NATIVE
 
 LIB = register_library(NativeLibrary("cpu_casts", Path(__file__).parent.parent / "kernels" / "casts.cpp", {
     "pk_cast_fp8": [PTR, I32, I64, I64, I64, I64, I64, I32, PTR, PTR, I32],

@@ -3,9 +3,9 @@ simulated in this process (get_dispatch_layout is the one op a single rank runs 
 
 from __future__ import annotations
 
-from portable_kernels.ops.ep import (GET_DISPATCH_LAYOUT, combine_reference, dispatch_reference,
+from portable_kernels.ops.ep import (combine_reference, dispatch_reference,
                                  low_latency_combine_reference, low_latency_dispatch_reference)
-from portable_kernels.core.oracle import REFERENCE_PROVIDER, register_reference
+from portable_kernels.core.oracle import REFERENCE_PROVIDER
 from portable_kernels.core.registry import Registry
 
 from .._names import BACKEND
@@ -31,7 +31,6 @@ def simulate_low_latency_combine(call):
 
 
 def register(registry: Registry) -> None:
-    register_reference(registry, BACKEND, GET_DISPATCH_LAYOUT)
     for fn in (simulate_dispatch, simulate_combine, simulate_low_latency_dispatch,
                simulate_low_latency_combine):
         registry.kernel(fn.__name__, BACKEND, REFERENCE_PROVIDER, doc="all ranks simulated in this process")(fn)

@@ -20,9 +20,8 @@ import torch
 from portable_kernels.core.native.build import I32, I64, PTR, NativeLibrary, num_threads, register_library
 from portable_kernels.core.tensors import PreparedTensor
 
-from .._names import BACKEND
+from .._names import BACKEND, NATIVE
 from . import _checks as chk
-from ._names import NATIVE
 
 LIB = register_library(NativeLibrary("cpu_gemm", Path(__file__).parent.parent / "kernels" / "gemm.cpp", {
     "pk_gemm": [PTR],                # one GemmCall (packed below)

@@ -18,9 +18,8 @@ from portable_kernels.ops.attention.decode import reject_bad_cache_references
 from portable_kernels.core.native.build import F32, I32, I64, PTR, NativeLibrary, num_threads, register_library
 from portable_kernels.core.tensors import cdiv
 
-from .._names import BACKEND
+from .._names import BACKEND, NATIVE
 from . import _checks as chk
-from ._names import NATIVE
 
 LIB = register_library(NativeLibrary("cpu_mla", Path(__file__).parent.parent / "kernels" / "mla.cpp", {
     "pk_mla_available": [],

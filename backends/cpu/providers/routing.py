@@ -17,9 +17,8 @@ import torch
 from portable_kernels.ops.moe_routing.gate import ranking_reference, score_reference
 from portable_kernels.core.native.build import F32, I32, I64, PTR, NativeLibrary, num_threads, register_library
 
-from .._names import BACKEND
+from .._names import BACKEND, NATIVE
 from . import _checks as chk
-from ._names import NATIVE
 
 LIB = register_library(NativeLibrary("cpu_routing", Path(__file__).parent.parent / "kernels" / "routing.cpp", {
     "pk_top2_sum_gate": [PTR, PTR, I64, I64, I64, I64, I64, F32, I32, PTR, PTR, PTR, I32],

@@ -18,9 +18,8 @@ import torch
 from portable_kernels.core.native.build import I64, PTR, NativeLibrary, num_threads, register_library
 from portable_kernels.ops.topk import reject_nan
 
-from .._names import BACKEND
+from .._names import BACKEND, NATIVE
 from . import _checks as chk
-from ._names import NATIVE
 
 LIB = register_library(NativeLibrary("cpu_topk", Path(__file__).parent.parent / "kernels" / "topk.cpp", {
     "pk_topk": [PTR],  # one TopkCall (packed below)

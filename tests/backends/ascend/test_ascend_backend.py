@@ -77,9 +77,10 @@ def test_every_op_with_an_oracle_is_mapped_or_has_a_reason():
     ascend = available_backends()["ascend"]
     for op, providers in ascend.details.items():
         names = {p.name for p in providers}
-        assert any(n.startswith("torch_npu") for n in names), op
         if op in torch_npu_providers.NOT_MAPPED:
-            assert names == {"torch_npu", ORACLE}
+            assert names == {ORACLE} and ascend.not_mapped[op] == torch_npu_providers.NOT_MAPPED[op], op
+        else:
+            assert any(n.startswith("torch_npu") for n in names), op
 
 
 def test_without_torch_npu_the_oracle_runs_and_the_reason_names_torch_npu():
