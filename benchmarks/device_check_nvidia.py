@@ -494,7 +494,7 @@ def time_topk(device: torch.device, timer: Timer, cases: list) -> None:
 
 
 def time_casts(device: torch.device, timer: Timer, copy_gbs: float, m: int, k: int) -> None:
-    from portable_kernels.ops.quant.fp4 import SwigluCastInputs
+    from portable_kernels.ops.swiglu import SwigluCastInputs
     from portable_kernels.layouts import PLAIN, SM90, SM100
     from portable_kernels.ops.quant.fp8 import CastInputs
     say(f"\nquantizers on bf16 [{m}, {k}]: bytes read + written / time, as % of copy bandwidth")

@@ -17,7 +17,9 @@ from .ops.ep import (CombineResult, DispatchHandle, DispatchResult, LowLatencyDi
 from .core.errors import (BackendUnavailableError, ContractError, EPTimeoutError, LayoutError, NoKernelError,
                      PortableKernelsError)
 from .core.formats import PLAIN, Format
-from .ops.quant.fp4 import fp8_fp4_gemm_nt, per_token_cast_to_fp4, swiglu_forward_and_per_token_cast
+from .ops.quant.fp4 import per_token_cast_to_fp4
+from .ops.gemm.fp4 import fp8_fp4_gemm_nt
+from .ops.swiglu import swiglu_forward_and_per_token_cast
 from .ops.gemm.dense import bf16_gemm_nt, fp8_gemm_nt
 from .ops.gemm.transposed import bf16_gemm_nn, bf16_gemm_tn, bf16_gemm_tt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
 from .ops.gemm.grouped_fp4 import m_grouped_fp8_fp4_gemm_nt_contiguous, m_grouped_fp8_fp4_gemm_nt_masked

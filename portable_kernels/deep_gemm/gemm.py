@@ -15,7 +15,7 @@ import torch
 from ..ops.gemm import dense as pk_gemm
 from ..ops.gemm import transposed as pk_t
 from ..core.errors import ContractError, format_problem
-from ..ops.quant.fp4 import fp8_fp4_gemm_nt as pk_fp8_fp4_gemm_nt
+from ..ops.gemm.fp4 import fp8_fp4_gemm_nt as pk_fp8_fp4_gemm_nt
 from ..core.tensors import PreparedTensor, QuantTensor, describe
 from ._operands import PACKED_FP4, check_keywords, granularities, operand, stored, transposed
 

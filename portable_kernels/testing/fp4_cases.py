@@ -8,9 +8,9 @@ import functools
 
 import torch
 
-from ..ops.quant.fp4 import (FP8_FP4_GEMM_NT, PER_TOKEN_CAST_FP4, SWIGLU_CAST, fp8_fp4_gemm_nt, per_token_cast_to_fp4,
-                   quantize_fp4_reference, swiglu_forward_and_per_token_cast,
-                   swiglu_forward_and_per_token_cast_reference, swiglu_reference, swiglu_rows)
+from ..ops.quant.fp4 import PER_TOKEN_CAST_FP4, per_token_cast_to_fp4, quantize_fp4_reference
+from ..ops.gemm.fp4 import FP8_FP4_GEMM_NT, fp8_fp4_gemm_nt
+from ..ops.swiglu import SWIGLU_CAST, swiglu_forward_and_per_token_cast, swiglu_forward_and_per_token_cast_reference, swiglu_reference, swiglu_rows
 from ..ops.gemm.dense import gemm_reference
 from ..layouts.constants import MX_BLOCK_K
 from ..core.prepare import prepare_inputs

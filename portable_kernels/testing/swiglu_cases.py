@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from ..ops.quant.fp4 import swiglu_reference, swiglu_rows
+from ..ops.swiglu import swiglu_reference, swiglu_rows
 from ..ops.swiglu import SWIGLU_FORWARD, swiglu_forward
 from .checks import assert_close
 from .core import Case, CaseFailure, conformance_cases

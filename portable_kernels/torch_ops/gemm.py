@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..ops.quant import fp4
+from ..ops.gemm import fp4
 from ..ops.gemm import dense as gemm
 from ..core.compiled import ROUTES
 from .boundary import OPERAND_ARITY, define, op, operand_args, operand_schema, operands, optional_list

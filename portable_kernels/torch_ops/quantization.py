@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..ops import swiglu
 from ..ops.quant import fp4, fp8 as quantization
 from ..ops.quant.block_cast import block_cast as public_block_cast
 from ..core.compiled import ROUTES
@@ -191,7 +192,7 @@ def per_channel_cast_to_fp8(x: torch.Tensor, gran_k: int = 128, use_ue8m0: bool 
 def _swiglu_impl(x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
                  use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value, clamped_count,
                  prepare_for, arg, target_backend, target_format, target_params):
-    value = fp4.swiglu_forward_and_per_token_cast(
+    value = swiglu.swiglu_forward_and_per_token_cast(
         x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert, use_tma_aligned_col_major_sf,
         round_sf, use_packed_ue8m0, swiglu_clamp_value, clamped_count, **_kwargs(prepare_for, arg))
     return _result("swiglu_forward_and_per_token_cast", value, prepare_for,
@@ -220,7 +221,7 @@ def swiglu_forward_and_per_token_cast(
         clamped_count: torch.Tensor | None = None, *, prepare_for: Any = None,
         arg: str = "a") -> QuantTensor | PreparedTensor:
     clamp = None if swiglu_clamp_value is None else float(swiglu_clamp_value)
-    return _rebuilt(fp4.SWIGLU_CAST, x, prepare_for, arg,
+    return _rebuilt(swiglu.SWIGLU_CAST, x, prepare_for, arg,
                     lambda *target: op("swiglu_forward_and_per_token_cast")(
                         x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
                         use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp, clamped_count, *target),

@@ -161,7 +161,8 @@ def _fp4_convention(call) -> list[str]:
 
 def register(registry) -> None:
     from portable_kernels.core.formats import PLAIN
-    from portable_kernels.ops.quant.fp4 import PER_TOKEN_CAST_FP4, SWIGLU_CAST
+    from portable_kernels.ops.quant.fp4 import PER_TOKEN_CAST_FP4
+    from portable_kernels.ops.swiglu import SWIGLU_CAST
     from portable_kernels.ops.quant.fp8 import PER_BLOCK_CAST, PER_TOKEN_CAST
     plain = {"out_format": (PLAIN,)}
     dtypes = {"x": tuple(IN_KINDS)}

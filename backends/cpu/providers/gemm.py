@@ -357,7 +357,7 @@ DOC = "C++ (deepjit): AMX bf16 tiles with per-block fp32 promotion, or fp32 FMA 
 
 def register(registry) -> None:
     from portable_kernels.core.formats import PLAIN
-    from portable_kernels.ops.quant.fp4 import FP8_FP4_GEMM_NT
+    from portable_kernels.ops.gemm.fp4 import FP8_FP4_GEMM_NT
     from portable_kernels.ops.gemm.dense import BF16_GEMM_NT, FP8_GEMM_NT
     from portable_kernels.ops.gemm.grouped import (M_GROUPED_BF16_CONTIGUOUS, M_GROUPED_BF16_MASKED,
                                                M_GROUPED_FP8_CONTIGUOUS, M_GROUPED_FP8_MASKED)

@@ -11,7 +11,7 @@ import torch
 from portable_kernels.ops.gemm.dense import BF16_GEMM_NT, FP8_GEMM_NT, GemmInputs
 from portable_kernels.ops.gemm.transposed import BF16_CONTRACTS
 from portable_kernels.layouts import SM90
-from portable_kernels.ops.quant.fp4 import FP8_FP4_GEMM_NT
+from portable_kernels.ops.gemm.fp4 import FP8_FP4_GEMM_NT
 from portable_kernels.core.providers import Limit
 from portable_kernels.core.registry import Registry
 

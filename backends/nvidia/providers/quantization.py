@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from portable_kernels.core.contract import checks_values
-from portable_kernels.ops.quant.fp4 import PER_TOKEN_CAST_FP4, SWIGLU_CAST, SwigluCastInputs
+from portable_kernels.ops.quant.fp4 import PER_TOKEN_CAST_FP4
+from portable_kernels.ops.swiglu import SWIGLU_CAST, SwigluCastInputs
 from portable_kernels.layouts import PLAIN, SM90, SM100
 from portable_kernels.ops.quant.fp8 import PER_BLOCK_CAST, PER_TOKEN_CAST, CastInputs, nonfinite_ue8m0_error
 from portable_kernels.core.registry import Registry

@@ -24,7 +24,7 @@ from ...core.contract import (
     register_contract,
 )
 from ...core.errors import ContractError, format_problem
-from ..quant.fp4 import FP8_FP4_GRAN_K, check_recipes, fp4_operand
+from .fp4 import FP8_FP4_GRAN_K, check_recipes, fp4_operand
 from .dense import check_gemm_output
 from .grouped import (
     check_grouped_shapes,

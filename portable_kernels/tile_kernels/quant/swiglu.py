@@ -18,7 +18,7 @@ import torch
 from ...ops.quant.block_cast import DEFAULT_CLAMP_MIN, block_cast
 from ...core.checks import check_int
 from ...core.errors import ContractError, format_problem
-from ...ops.quant.fp4 import swiglu_forward_and_per_token_cast as fused_swiglu_cast
+from ...ops.swiglu import swiglu_forward_and_per_token_cast as fused_swiglu_cast
 from ...ops.swiglu import swiglu_forward
 from ._scales import check_storage_flags, store_scales
 

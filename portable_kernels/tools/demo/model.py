@@ -20,7 +20,7 @@ from ...ops.attention.decode import flash_mla_with_kvcache, get_mla_metadata
 from ...ops.moe_routing import expand_to_fused, get_fused_mapping, reduce_fused, top2_sum_gate
 from ...core.prepare import prepare_inputs
 from ...ops.quant.fp8 import per_block_cast_to_fp8, per_token_cast_to_fp8
-from ...ops.quant.fp4 import swiglu_forward_and_per_token_cast
+from ...ops.swiglu import swiglu_forward_and_per_token_cast
 from ...core.tensors import PreparedTensor, QuantTensor
 
 GROUPED = m_grouped_fp8_gemm_nt_contiguous

@@ -10,7 +10,8 @@ import torch
 from portable_kernels.backends.cpu.providers import casts as nc
 from portable_kernels.backends.cpu.providers import topk as nt
 from portable_kernels.core.errors import ContractError
-from portable_kernels.ops.quant.fp4 import quantize_fp4_reference, swiglu_forward_and_per_token_cast_reference
+from portable_kernels.ops.quant.fp4 import quantize_fp4_reference
+from portable_kernels.ops.swiglu import swiglu_forward_and_per_token_cast_reference
 from portable_kernels.ops.quant.fp8 import QuantTensor, quantize_blocks_reference
 from portable_kernels.testing.checks import assert_quantization_matches
 from portable_kernels.testing.generators import randn

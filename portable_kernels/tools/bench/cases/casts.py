@@ -7,7 +7,7 @@ Target from issue 12: 1.5x that.
 from __future__ import annotations
 
 import portable_kernels as pk
-from portable_kernels.ops.quant.fp4 import swiglu_forward_and_per_token_cast_reference
+from portable_kernels.ops.swiglu import swiglu_forward_and_per_token_cast_reference
 from portable_kernels.ops.quant.fp8 import quantize_blocks_reference
 
 from ..case import TINY, Case, Inputs, seeded
