@@ -7,7 +7,8 @@ strict layout mode and the implicit-conversion counter, the value types and the 
 
 from .ops.attention.prefill import flash_attn_varlen_func, flash_mla_sparse_fwd
 from .ops.quant.block_cast import block_cast
-from .core.alignment import set_mk_alignment_for_contiguous_layout
+from .core.alignment import (get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout,
+                             set_mk_alignment_for_contiguous_layout)
 from .core.contract import OpContract, QuantArg, Tolerance, contracts, get_contract
 from .core.conversions import (ImplicitConversionWarning, count_implicit_conversions, implicit_conversions,
                           reset_implicit_conversions, strict_layouts)
@@ -23,7 +24,7 @@ from .ops.swiglu import swiglu_forward_and_per_token_cast
 from .ops.gemm.dense import bf16_gemm_nt, fp8_gemm_nt
 from .ops.gemm.transposed import bf16_gemm_nn, bf16_gemm_tn, bf16_gemm_tt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
 from .ops.gemm.grouped_fp4 import m_grouped_fp8_fp4_gemm_nt_contiguous, m_grouped_fp8_fp4_gemm_nt_masked
-from .ops.gemm.grouped import (get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout, m_grouped_bf16_gemm_nt_contiguous,
+from .ops.gemm.grouped import (m_grouped_bf16_gemm_nt_contiguous,
                            m_grouped_bf16_gemm_nt_masked, m_grouped_fp8_gemm_nt_contiguous,
                            m_grouped_fp8_gemm_nt_masked)
 from .ops.gemm.k_grouped import (k_grouped_bf16_gemm_tn_contiguous, k_grouped_fp8_gemm_nt_contiguous,

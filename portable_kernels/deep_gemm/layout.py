@@ -18,7 +18,7 @@ import torch
 from ..core.checks import check_int
 from ..core.alignment import padding_rows, set_mk_alignment_for_contiguous_layout
 from ..core.errors import ContractError, LayoutError, format_problem
-from ..ops.gemm.grouped import get_m_alignment_for_contiguous_layout
+from ..core.alignment import get_m_alignment_for_contiguous_layout
 from ..layouts import (LayoutConversionError, TMA_ALIGN_BYTES, broadcast_block_scales_to_rows, sm90_sfa_encode,
                        sm100_ue8m0_encode, tma_aligned_mn)
 from ..core.tensors import describe

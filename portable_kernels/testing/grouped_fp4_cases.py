@@ -10,7 +10,8 @@ import torch
 
 from ..ops.quant.fp4 import quantize_fp4_reference
 from ..ops.gemm.grouped_fp4 import m_grouped_fp8_fp4_gemm_nt_contiguous, m_grouped_fp8_fp4_gemm_nt_masked
-from ..ops.gemm.grouped import get_m_alignment_for_contiguous_layout, grouped_gemm_contiguous_reference, \
+from ..core.alignment import get_m_alignment_for_contiguous_layout
+from ..ops.gemm.grouped import grouped_gemm_contiguous_reference, \
     grouped_gemm_masked_reference
 from ..layouts.constants import MX_BLOCK_K
 from ..layouts.moe import contiguous_m_indices, m_indices_from_psum, psum_layout

@@ -14,7 +14,8 @@ import functools
 import torch
 
 from ..core.alignment import alignment_override, set_mk_alignment_for_contiguous_layout
-from ..ops.gemm.grouped import (M_GROUPED_FP8_CONTIGUOUS, get_m_alignment_for_contiguous_layout,
+from ..core.alignment import get_m_alignment_for_contiguous_layout
+from ..ops.gemm.grouped import (M_GROUPED_FP8_CONTIGUOUS,
                             grouped_gemm_contiguous_reference, grouped_gemm_masked_reference,
                             m_grouped_bf16_gemm_nt_contiguous, m_grouped_bf16_gemm_nt_masked,
                             m_grouped_fp8_gemm_nt_contiguous, m_grouped_fp8_gemm_nt_masked)

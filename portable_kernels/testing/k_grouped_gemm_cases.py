@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from ..ops.gemm.grouped import get_m_alignment_for_contiguous_layout
+from ..core.alignment import get_m_alignment_for_contiguous_layout
 from ..ops.gemm.k_grouped import (k_grouped_bf16_gemm_tn_contiguous, k_grouped_fp8_gemm_nt_contiguous,
                               k_grouped_fp8_gemm_tn_contiguous)
 from ..ops.quant.fp8 import expand_scales, quantize_blocks_reference

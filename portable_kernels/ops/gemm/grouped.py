@@ -25,7 +25,7 @@ import torch
 
 from ...core.checks import check_bool
 from ...core.compiled import compiled_call, is_compiling
-from ...core.alignment import alignment_override, contiguous_alignment, padding_rows
+from ...core.alignment import contiguous_alignment, padding_rows
 from ...core.contract import (
     OpContract,
     QuantArg,
@@ -36,13 +36,12 @@ from ...core.contract import (
     register_contract,
 )
 from ...core.dispatch import run, selection_for
-from ...core.errors import BackendUnavailableError, ContractError, format_problem
+from ...core.errors import ContractError, format_problem
 from .dense import check_gemm_output, check_recipe, check_shared_k
 from ...layouts.errors import LayoutConversionError
 from ...layouts.moe import contiguous_m_indices, counts_from_psum, m_indices_from_psum
 from ...core.providers import Inputs
 from ..quant.fp8 import dequantized
-from ...core.registry import forced_backend, registry
 from ...core.tensors import PreparedTensor, QuantTensor, describe
 
 #: dtype of m_indices, psum and masked_m (DeepGEMM takes int32 only)
@@ -186,51 +185,6 @@ M_GROUPED_BF16_CONTIGUOUS = register_contract(OpContract(
 M_GROUPED_BF16_MASKED = register_contract(OpContract(
     "m_grouped_bf16_gemm_nt_masked", grouped_gemm_masked_reference, Tolerance(dequantized=1e-6, unquantized=1e-5),
     kernel=m_grouped_gemm_nt_masked_kernel))
-
-
-def get_m_alignment_for_contiguous_layout(device: str | torch.device | None = None, *,
-                                          like: PreparedTensor | None = None) -> int:
-    """Rows each group's segment is padded to in the contiguous layout, for the backend that runs
-    the call: the value set by `set_mk_alignment_for_contiguous_layout` if any, else that of the
-    backend forced by `use_backend`, else of the backend a prepared weight `like` was made for,
-    else of the one for `device` (default: cpu). NVIDIA (and cpu) 128, Ascend 256 — DeepGEMM's
-    function of the same name, per backend."""
-    op = "get_m_alignment_for_contiguous_layout"
-    override = alignment_override()
-    if override is not None:
-        return override
-    reg = registry()
-    forced = forced_backend()
-    if forced is not None:
-        return reg.backend(forced[0]).moe_alignment
-    if like is not None:
-        if not isinstance(like, PreparedTensor):
-            raise ContractError(format_problem(op, "like", describe(like), "None or a PreparedTensor",
-                                               "pass the prepared grouped weight (prepare_inputs(...)['b'])"))
-        return reg.backend(like.backend).moe_alignment
-    try:
-        dev = torch.device("cpu" if device is None else device)
-    except (RuntimeError, TypeError) as exc:
-        kind = str(device).split(":")[0]
-        for backend in reg.backends().values():  # a device type a backend names, absent from this torch
-            if kind in backend.device_types:
-                raise BackendUnavailableError(
-                    f"{op}: device {device!r} of backend {backend.name!r} is not available here: "
-                    f"{backend.unavailable_reason() or 'this torch has no such device type'}. Fix: ask inside "
-                    f"use_backend({backend.name!r}) to get its alignment in emulation.") from exc
-        raise ContractError(format_problem(op, "device", repr(device), "a torch device such as 'cpu' or 'cuda'",
-                                           "pass a valid device, or call inside use_backend(...)")) from exc
-    backend = reg.backend_for_device(dev)
-    reason = None if dev.type == "cpu" else backend.unavailable_reason()
-    if reason is not None:
-        raise BackendUnavailableError(f"{op}: backend {backend.name!r} for device {dev} is unavailable: {reason}. "
-                                      f"Fix: ask inside use_backend({backend.name!r}) to get its alignment in "
-                                      f"emulation.")
-    return backend.moe_alignment
-
-
-#: DeepGEMM's newer name of the same function (it covers the K-grouped layouts too)
-get_mk_alignment_for_contiguous_layout = get_m_alignment_for_contiguous_layout
 
 
 # -- validation (every check runs before anything is launched) ---------------------------------------

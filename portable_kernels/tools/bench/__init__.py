@@ -16,7 +16,8 @@ Rule: benchmarks never assert on time; the numbers are reported with their sprea
 
 from .case import SIZES, Case, Inputs
 from .cases import FAMILIES, cases_of
-from .report import format_compare, format_header, format_summary, format_table, load_run, write_outputs
+from .output import write_outputs
+from .report import format_compare, format_header, format_summary, format_table, load_run
 from .runner import SCHEMA, BenchUsageError, Target, resolve_targets, run_bench, run_case
 
 __all__ = ["SIZES", "Case", "Inputs", "FAMILIES", "cases_of", "format_compare", "format_header", "format_summary",

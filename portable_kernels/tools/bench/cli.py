@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .cases import FAMILIES
-from .report import format_compare, format_header, format_summary, format_table, has_matplotlib, load_run, write_outputs
+from .output import has_matplotlib, write_outputs
+from .report import format_compare, format_header, format_summary, format_table, load_run
 from .runner import BenchUsageError, run_bench
 
 DEFAULT_OUT = "bench-results"

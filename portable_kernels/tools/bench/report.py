@@ -127,28 +127,6 @@ def write_json(doc: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def write_outputs(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
-    """bench.json, table.txt and, when matplotlib is installed, one PNG per family into out_dir."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = [write_json(doc, out / JSON_NAME)]
-    table = out / TABLE_NAME
-    table.write_text(f"{format_header(doc)}\n{format_table(doc)}\n{format_summary(doc)}\n")
-    written.append(table)
-    if has_matplotlib():
-        from .plot import plot_families
-        written += plot_families(doc, out)
-    return written
-
-
-def has_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def load_run(path: str | Path) -> dict[str, Any]:
     """A bench document from a JSON file (BenchUsageError when it is not one)."""
     p = Path(path)
