@@ -17,7 +17,7 @@ from .errors import ContractError, format_problem
 from .tensors import describe
 
 __all__ = ["check_allocation", "check_bool", "check_device", "device_capacity_bytes", "check_finite", "check_int", "check_tensor", "checks_values", "first_bad",
-           "is_int"]
+           "is_int", "fail", "contiguous", "inner_contiguous"]
 
 
 def is_int(value: Any) -> bool:
@@ -98,3 +98,26 @@ def check_finite(op: str, arg: str, t: torch.Tensor, fix: str | None = None) -> 
     if bool(bad.any()):
         raise ContractError(format_problem(op, arg, f"not finite ({first_bad(bad)})", "finite values",
                                            fix or f"find where {arg} became NaN/Inf upstream"))
+
+
+# -- kernel-side checks: what a launch re-checks to protect a native pointer read ----------------------
+
+
+def fail(op: str, arg: str, given: object, expected: object, fix: str) -> None:
+    """Raise the ContractError naming op, argument, what was given, what was expected and the fix."""
+    raise ContractError(format_problem(op, arg, given, expected, fix))
+
+
+def contiguous(op: str, arg: str, t: torch.Tensor) -> torch.Tensor:
+    """t is contiguous (a native kernel walks it with its logical strides); returns it."""
+    if not t.is_contiguous():
+        fail(op, arg, f"non-contiguous (strides {t.stride()})", "a contiguous tensor", f"pass {arg}.contiguous()")
+    return t
+
+
+def inner_contiguous(op: str, arg: str, t: torch.Tensor) -> None:
+    """The last dim is contiguous (K-major operands, row-major outputs)."""
+    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        fail(op, arg, f"with strides {t.stride()}", "stride(-1) == 1 (K-major / row-major)",
+             f"pass {arg}.contiguous()")
+

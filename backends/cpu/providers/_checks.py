@@ -1,5 +1,7 @@
-"""Argument checks shared by the native kernels' Python wrappers: every kernel validates shapes,
-strides, dtypes and devices here, before its C++ runs, so native code never reads out of bounds."""
+"""Argument checks of the cpu native kernels' Python wrappers (CPU tensors, K-major row strides,
+data pointers), on top of the shared kernel-side checks of portable_kernels.core.checks: every
+kernel validates shapes, strides, dtypes and devices before its C++ runs, so native code never
+reads out of bounds."""
 
 from __future__ import annotations
 
@@ -7,12 +9,10 @@ from typing import Any, Iterable
 
 import torch
 
-from portable_kernels.core.errors import ContractError, format_problem
+from portable_kernels.core.checks import contiguous, fail
 from portable_kernels.core.tensors import describe
 
-
-def fail(op: str, arg: str, given: object, expected: object, fix: str) -> None:
-    raise ContractError(format_problem(op, arg, given, expected, fix))
+__all__ = ["contiguous", "describe", "fail", "is_plain", "ptr", "row_stride", "tensor"]
 
 
 def tensor(op: str, arg: str, t: Any, dtypes: Iterable[torch.dtype], shape: tuple[int, ...] | None = None,
@@ -25,13 +25,6 @@ def tensor(op: str, arg: str, t: Any, dtypes: Iterable[torch.dtype], shape: tupl
         fail(op, arg, f"on {t.device}", "a CPU tensor (the cpu backend's native kernels)", f"move {arg} to the CPU")
     if shape is not None and tuple(t.shape) != tuple(shape):
         fail(op, arg, f"of shape {tuple(t.shape)}", f"shape {list(shape)}", fix)
-    return t
-
-
-def contiguous(op: str, arg: str, t: torch.Tensor) -> torch.Tensor:
-    if not t.is_contiguous():
-        fail(op, arg, f"non-contiguous (strides {t.stride()})", "a contiguous tensor",
-             f"pass {arg}.contiguous()")
     return t
 
 

@@ -10,38 +10,19 @@ from typing import Any, Sequence
 
 import torch
 
-from portable_kernels.core.errors import ContractError, format_problem
+from portable_kernels.core.checks import check_tensor, contiguous, fail, inner_contiguous
+
+__all__ = ["GEMM_BLOCK_K", "block_k", "contiguous", "fail", "gemm_output", "inner_contiguous", "scale_storage",
+           "tensor"]
 
 #: K block sizes (scale granularity along K) the GEMM kernels tile with: powers of two
 GEMM_BLOCK_K = (16, 32, 64, 128, 256)
 
 
-def fail(op: str, arg: str, given: object, expected: object, fix: str) -> None:
-    raise ContractError(format_problem(op, arg, given, expected, fix))
-
-
 def tensor(op: str, arg: str, t: Any, dtypes: Sequence[torch.dtype], shape: Sequence[int | None],
            device: torch.device | None = None) -> None:
-    """t is a tensor of one of `dtypes`, of `shape` (None = any size), on `device`."""
-    if not isinstance(t, torch.Tensor) or t.dtype not in tuple(dtypes):
-        fail(op, arg, repr(t) if not isinstance(t, torch.Tensor) else f"of dtype {t.dtype}",
-             f"a tensor of dtype {tuple(dtypes)}", f"pass {arg} with one of those dtypes")
-    if t.dim() != len(shape) or any(want is not None and got != want for got, want in zip(t.shape, shape)):
-        fail(op, arg, f"of shape {tuple(t.shape)}", f"shape {list(shape)} (None = any)", f"pass {arg} with that shape")
-    if device is not None and t.device != device:
-        fail(op, arg, f"on {t.device}", f"on {device}", f"move {arg} to {device}")
-
-
-def inner_contiguous(op: str, arg: str, t: torch.Tensor) -> None:
-    """The last dim is contiguous (K-major operands, row-major outputs)."""
-    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
-        fail(op, arg, f"with strides {t.stride()}", "stride(-1) == 1 (K-major / row-major)",
-             f"pass {arg}.contiguous()")
-
-
-def contiguous(op: str, arg: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        fail(op, arg, f"non-contiguous (strides {t.stride()})", "a contiguous tensor", f"pass {arg}.contiguous()")
+    """t is a tensor of one of `dtypes`, of `shape` (None = any size), on `device` (core's check_tensor)."""
+    check_tensor(op, arg, t, tuple(dtypes), tuple(shape), device)
 
 
 def block_k(op: str, arg: str, gran_k: int) -> None:
