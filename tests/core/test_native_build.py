@@ -118,12 +118,12 @@ def test_the_wheel_ships_every_native_source():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     data = config["package-data"]
-    folders = {"portable_kernels.core.native": ROOT / "portable_kernels" / "native",
-               "portable_kernels.backends.cpu.providers": ROOT / "backends" / "cpu" / "native"}
-    for package, folder in folders.items():
+    folders = {"portable_kernels.core.native": (ROOT / "portable_kernels" / "core" / "native", ""),
+               "portable_kernels.backends.cpu": (ROOT / "backends" / "cpu" / "kernels", "kernels/")}
+    for package, (folder, prefix) in folders.items():
         sources = {p.suffix for p in folder.iterdir() if p.suffix in (".cpp", ".h")}
         assert sources, f"{folder} holds no native sources"
-        assert {f"*{suffix}" for suffix in sources} <= set(data[package])
+        assert {f"{prefix}*{suffix}" for suffix in sources} <= set(data[package])
 
 
 _LOWER_ISA_SCRIPT = """
