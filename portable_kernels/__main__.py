@@ -43,8 +43,17 @@ def _doctor(args: argparse.Namespace) -> int:
                 print(f"      {provider.describe()}")
             if op in info.not_mapped:
                 print(f"      not mapped: {info.not_mapped[op]}")
+    _ep_engine_report()
     _native_report()
     return 0
+
+
+def _ep_engine_report() -> None:
+    from .core.registry import registry
+    print("ep low-latency engines (ep.Buffer takes the first that serves its group):")
+    for engine in registry().ep_engines():
+        print(f"  {engine.backend}.{engine.name} (priority {engine.priority}): {engine.doc}")
+    print("  all-to-all (built in): all_to_all_single over the group's transport, for every group")
 
 
 def _options(pairs: list[str]) -> dict[str, str]:

@@ -32,6 +32,7 @@ from portable_kernels.core.registry import Backend, Registry
 
 from . import chips
 from .vendor import runtime
+from . import providers
 from .providers import torch_npu as torch_npu_providers
 
 NAME = "ascend"
@@ -79,5 +80,5 @@ def register(registry: Registry) -> None:
     """Entry point `portable_kernels.backends: ascend`."""
     backend = AscendBackend()
     registry.add_backend(backend)
-    torch_npu_providers.register(registry)
+    registry.register_modules(providers, NAME)
     register_oracles(registry, backend)

@@ -211,6 +211,13 @@ def trace_providers() -> Iterator[list[tuple[str, str, str]]]:
             outer.extend(recorded)
 
 
+def record_choice(op: str, backend: str, name: str) -> None:
+    """Record a choice made outside a provider call (e.g. the EP engine a Buffer built) in an
+    active trace_providers block."""
+    if _trace is not None:
+        _trace.append((op, backend, name))
+
+
 def provider_for(contract: OpContract, inputs: Inputs) -> Provider:
     """The provider a call with these inputs would run (for reports and tests)."""
     plan = plan_for(contract, inputs)

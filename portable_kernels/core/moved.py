@@ -41,6 +41,9 @@ MOVED: dict[str, str] = {
     "portable_kernels.demo": "portable_kernels.tools.demo",
     "portable_kernels.plots": "portable_kernels.tools.plots",
     "portable_kernels.backends.cpu.native": "portable_kernels.backends.cpu.providers",
+    # the MC2 engine is chip code: it moved to the ascend backend
+    "portable_kernels.ops.ep.mc2_engine": "portable_kernels.backends.ascend.vendor.mc2",
+    "portable_kernels.ep.mc2_engine": "portable_kernels.backends.ascend.vendor.mc2",
 }
 #: stable public names that live elsewhere now: aliased without a warning
 STABLE: dict[str, str] = {"portable_kernels.errors": "portable_kernels.core.errors"}
@@ -79,7 +82,7 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
     """Answers imports of old module paths with the modules at their new paths."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if not fullname.startswith("portable_kernels."):
+        if not fullname.startswith("portable_kernels.") or fullname in sys.modules:
             return None
         new = new_name(fullname)
         if new is None:

@@ -118,6 +118,26 @@ def forced_backend() -> tuple[str, dict[str, Any]] | None:
     return None if forced is None else (forced[0], dict(forced[1]))
 
 
+@attrs.frozen
+class EpEngine:
+    """An expert-parallel low-latency engine a backend offers to `ep.Buffer` (DeepEP's
+    low_latency_dispatch / low_latency_combine pair on that chip's own collectives).
+
+    name, backend: how doctor and trace_providers name it ("mc2" of "ascend")
+    build:       Buffer -> the engine (an object with `dispatch` and `combine`, as
+                 portable_kernels.ops.ep.low_latency_exchange.LowLatencyEngine)
+    unavailable: process group -> why the engine cannot serve that group (None: it can)
+    priority:    engines are tried highest first; without one, the Buffer's all-to-all engine runs
+    """
+
+    name: str
+    backend: str
+    build: Callable[[Any], Any]
+    unavailable: Callable[[Any], str | None]
+    priority: int = 0
+    doc: str = ""
+
+
 class Registry:
     """Holds backends and providers; loads plugins from entry points once, lazily.
 
@@ -128,6 +148,7 @@ class Registry:
         self._backends: dict[str, Backend] = {}
         self._providers: dict[tuple[str, str], list[Provider]] = {}
         self._broken: dict[str, str] = {}
+        self._ep_engines: list[EpEngine] = []
         self._loaded = False
         self._loading_thread: int | None = None
         self._lock = threading.RLock()
@@ -160,6 +181,35 @@ class Registry:
             entries.append(provider)
             entries.sort(key=lambda p: -p.priority)
             self.generation += 1
+
+    def add_ep_engine(self, engine: EpEngine) -> None:
+        """Offer an EP low-latency engine (a plugin may add its own, like a provider)."""
+        with self._lock:
+            if engine.backend not in self._backends:
+                raise ValueError(f"register backend {engine.backend!r} before its EP engines")
+            if any((e.backend, e.name) == (engine.backend, engine.name) for e in self._ep_engines):
+                raise ValueError(f"EP engine {engine.name!r} of {engine.backend} is already registered")
+            self._ep_engines.append(engine)
+            self._ep_engines.sort(key=lambda e: -e.priority)
+            self.generation += 1
+
+    def ep_engines(self) -> list[EpEngine]:
+        self.ensure_loaded()
+        return list(self._ep_engines)
+
+    def select_ep_engine(self, group: Any) -> tuple[EpEngine | None, dict[str, str]]:
+        """The first registered EP engine (by priority) that can serve `group`, and every other
+        engine's reason; (None, reasons) when none can (the caller's all-to-all engine runs)."""
+        reasons: dict[str, str] = {}
+        for engine in self.ep_engines():
+            try:
+                why = engine.unavailable(group)
+            except Exception as exc:  # a probe that fails is a reason, never a crash
+                why = f"its availability check raised {type(exc).__name__}: {exc}"
+            if why is None:
+                return engine, reasons
+            reasons[f"{engine.backend}.{engine.name}"] = why
+        return None, reasons
 
     def kernel(self, op: str, backend: str, name: str, *, priority: int = 0,
                formats: Mapping[str, Iterable[Format]] | None = None,

@@ -199,3 +199,21 @@ def test_value_checks_run_on_cpu_and_on_accelerators_only_when_asked(monkeypatch
     assert not checks_values(cpu, meta)
     monkeypatch.setenv("PK_CHECK_VALUES", "1")
     assert checks_values(meta)
+
+
+def test_a_plugin_ep_engine_is_chosen_by_priority_and_a_failing_probe_is_a_reason():
+    from portable_kernels.core.registry import EpEngine
+
+    def broken(group):
+        raise RuntimeError("probe failed")
+
+    reg = _toy_registry()
+    reg.add_ep_engine(EpEngine("low", "toy", lambda buffer: "low", lambda group: None, priority=1))
+    reg.add_ep_engine(EpEngine("high", "toy", lambda buffer: "high", lambda group: "needs an RDMA group", priority=5))
+    reg.add_ep_engine(EpEngine("odd", "toy", lambda buffer: "odd", broken, priority=3))
+    engine, reasons = reg.select_ep_engine(object())
+    assert engine.name == "low"
+    assert reasons == {"toy.high": "needs an RDMA group",
+                       "toy.odd": "its availability check raised RuntimeError: probe failed"}
+    with pytest.raises(ValueError, match="already registered"):
+        reg.add_ep_engine(EpEngine("low", "toy", lambda buffer: None, lambda group: None))

@@ -46,7 +46,6 @@ from .events import EventHandle, EventOverlap
 from .sizes import Config, get_low_latency_rdma_size_hint
 from .transport import Transport, TorchDistributedTransport
 from .low_latency_exchange import AllToAllLowLatencyEngine, LowLatencyEngine
-from .mc2_engine import Mc2LowLatencyEngine, Mc2LowLatencyHandle
 from .buffer import Buffer
 from ...core.errors import EPTimeoutError
 from .low_latency import (SIMULATE_LOW_LATENCY_COMBINE, SIMULATE_LOW_LATENCY_DISPATCH, low_latency_combine_reference,
@@ -58,7 +57,6 @@ topk_idx_t = _torch.int64
 __all__ = [
     "Buffer", "Config", "EPTimeoutError", "EventHandle", "EventOverlap", "get_low_latency_rdma_size_hint",
     "topk_idx_t", "Transport", "TorchDistributedTransport", "LowLatencyEngine", "AllToAllLowLatencyEngine",
-    "Mc2LowLatencyEngine", "Mc2LowLatencyHandle",
     "CombineResult", "DispatchHandle", "DispatchResult", "LowLatencyDispatchResult", "LowLatencyHandle",
     "get_dispatch_layout", "simulate_combine", "simulate_dispatch", "simulate_low_latency_combine",
     "simulate_low_latency_dispatch",

@@ -23,7 +23,9 @@ import torch
 
 from ...core.errors import ContractError, format_problem
 from ...layouts.fp8_scales import sm100_ue8m0_encode
+from ...core.dispatch import record_choice
 from ...core.prepare import prepare_inputs
+from ...core.registry import registry
 from ...core.tensors import describe
 from . import buffer_checks as chk
 from .agreement import Proposal, propose
@@ -31,7 +33,6 @@ from .checks import _check_num_experts, _check_positive_int
 from .dispatch_layout import get_dispatch_layout as _layout
 from .events import EventHandle, EventOverlap, completed_event
 from .low_latency_exchange import AllToAllLowLatencyEngine, CallInfo, LowLatencyEngine
-from .mc2_engine import Mc2LowLatencyEngine, group_backend, torch_npu_module
 from .normal_exchange import plan_combine, plan_dispatch, run_combine, run_dispatch, stage_dispatch, staging_need
 from .results import DispatchHandle, LowLatencyHandle
 from .sizes import NUM_MAX_NVL_PEERS, Config, default_config, get_low_latency_rdma_size_hint, num_rdma_ranks
@@ -39,6 +40,8 @@ from .workspace import Workspace
 from .transport import DEFAULT_TIMEOUT_S, TorchDistributedTransport, Transport
 from .wire import Field, OpCode
 
+#: name of the built-in low-latency engine (all_to_all_single over the transport), for reports
+ALL_TO_ALL_ENGINE = "all-to-all"
 #: environment variable with the default collective timeout in seconds
 TIMEOUT_ENV = "PK_EP_TIMEOUT_S"
 
@@ -77,9 +80,10 @@ class Buffer:
         $PK_EP_TIMEOUT_S or 300.
     transport: a custom Transport (default: TorchDistributedTransport(group, timeout)).
     low_latency_engine: a LowLatencyEngine, or a callable building one from this Buffer (e.g.
-        `Mc2LowLatencyEngine.factory(...)`); default: the Ascend MC2 engine (torch_npu's
-        dispatch_v2 / combine_v2) on an HCCL group where torch_npu imports, else all-to-all over
-        the transport.
+        `Mc2LowLatencyEngine.factory(...)` of the ascend backend); default: the first EP engine a
+        backend registered (`Registry.add_ep_engine`) that serves this group — the ascend backend's
+        MC2 engine (torch_npu's dispatch_v2 / combine_v2) on an HCCL group where torch_npu
+        imports — else all-to-all over the transport. `low_latency_engine_name` says which.
     """
 
     num_sms: int = 20
@@ -126,13 +130,19 @@ class Buffer:
         self._destroyed = False
 
     def _engine(self, given: Any) -> LowLatencyEngine:
-        """The given engine (or what a factory builds on this Buffer); by default the MC2 engine on an
-        HCCL group where torch_npu imports, else the all-to-all engine."""
+        """The given engine (or what a factory builds on this Buffer); by default the first registered
+        EP engine that serves the group (the registry's choice, traced), else the all-to-all engine."""
         if given is not None:
+            self.low_latency_engine_name, self.low_latency_engine_reasons = "given", {}
             return given if hasattr(given, "dispatch") else given(self)
-        if "hccl" in group_backend(self.group) and torch_npu_module() is not None:
-            return Mc2LowLatencyEngine(self.group, self.transport, lambda: self.num_rdma_bytes, self._workspace)
-        return AllToAllLowLatencyEngine(self.transport, lambda: self.num_rdma_bytes, self._workspace)
+        engine, self.low_latency_engine_reasons = registry().select_ep_engine(self.group)
+        if engine is None:
+            self.low_latency_engine_name = ALL_TO_ALL_ENGINE
+            record_choice("ep_low_latency_engine", "portable_kernels", ALL_TO_ALL_ENGINE)
+            return AllToAllLowLatencyEngine(self.transport, lambda: self.num_rdma_bytes, self._workspace)
+        self.low_latency_engine_name = f"{engine.backend}.{engine.name}"
+        record_choice("ep_low_latency_engine", engine.backend, engine.name)
+        return engine.build(self)
 
     # ------------------------------------------------------------------ DeepEP's static helpers
 

@@ -13,7 +13,7 @@ weight · row in fp32.
 `LowLatencyEngine` is the seam: the Buffer calls an engine's `dispatch` / `combine` after its
 per-rank argument checks. `AllToAllLowLatencyEngine` (here) runs on any Transport; an Ascend
 MC2 engine (torch_npu's `npu_moe_distribute_dispatch_v2` / `combine_v2` on the group's HCCL
-communicator) is the second implementation (`mc2_engine.py`; checked against a stand-in only).
+communicator) is the second implementation (the ascend backend's `vendor/mc2.py`; checked against a stand-in only).
 """
 
 from __future__ import annotations

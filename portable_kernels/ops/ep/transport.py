@@ -17,7 +17,7 @@ raises `EPTimeoutError` naming the group and the op, and the transport stays bro
 Seam for fused vendor collectives: an Ascend MC2 transport (torch_npu's
 `npu_moe_distribute_dispatch_v2` / `npu_moe_distribute_combine_v2`, which move tokens AND expand
 them per expert in one op) does not fit this byte-level protocol; it plugs in one level up, as a
-`LowLatencyEngine` (`mc2_engine.py`) that the Buffer uses in place of the all-to-all engine on
+`LowLatencyEngine` (the ascend backend's `vendor/mc2.py`) that the Buffer uses in place of the all-to-all engine on
 HCCL groups where torch_npu imports (checked against a stand-in only; not run on an NPU).
 """
 

@@ -13,8 +13,10 @@ import torch.distributed as dist
 
 import portable_kernels as pk
 from ascend_stub import StandInError, make_stand_in, register_group
-from portable_kernels.ops.ep import AllToAllLowLatencyEngine, Buffer, Mc2LowLatencyEngine, Mc2LowLatencyHandle
-from portable_kernels.ops.ep import buffer as buffer_module
+from portable_kernels.backends.ascend.providers import ep as ascend_ep
+from portable_kernels.backends.ascend.vendor.mc2 import Mc2LowLatencyEngine, Mc2LowLatencyHandle
+from portable_kernels.core.dispatch import trace_providers
+from portable_kernels.ops.ep import AllToAllLowLatencyEngine, Buffer
 from portable_kernels.ops.ep.constants import NO_EXPERT
 from portable_kernels.testing.ep_cases import random_routing
 from portable_kernels.testing.ep_distributed import run_ranks
@@ -197,23 +199,30 @@ def _solo_group():
 
 
 def test_the_all_to_all_engine_runs_without_torch_npu_or_hccl(monkeypatch):
-    assert isinstance(Buffer(_solo_group(), 0, int(1e7)).low_latency_engine, AllToAllLowLatencyEngine)
-    monkeypatch.setattr(buffer_module, "group_backend", lambda group: "hccl")
-    monkeypatch.setattr(buffer_module, "torch_npu_module", lambda: None)
-    assert isinstance(Buffer(_solo_group(), 0, int(1e7)).low_latency_engine, AllToAllLowLatencyEngine)
+    buffer = Buffer(_solo_group(), 0, int(1e7))
+    assert isinstance(buffer.low_latency_engine, AllToAllLowLatencyEngine)
+    assert "not HCCL" in buffer.low_latency_engine_reasons["ascend.mc2"]
+    monkeypatch.setattr(ascend_ep.mc2, "group_backend", lambda group: "hccl")
+    monkeypatch.setattr(ascend_ep.mc2, "torch_npu_module", lambda: None)
+    buffer = Buffer(_solo_group(), 0, int(1e7))
+    assert isinstance(buffer.low_latency_engine, AllToAllLowLatencyEngine)
+    assert buffer.low_latency_engine_reasons["ascend.mc2"] == "torch_npu does not import here"
 
 
 def test_an_hccl_group_with_torch_npu_gets_the_mc2_engine(monkeypatch):
     npu = make_stand_in("910c")
-    monkeypatch.setattr(buffer_module, "group_backend", lambda group: "hccl")
-    monkeypatch.setattr(buffer_module, "torch_npu_module", lambda: npu)
-    monkeypatch.setattr("portable_kernels.ops.ep.mc2_engine.torch_npu_module", lambda: npu)
-    engine = Buffer(_solo_group(), 0, int(1e7)).low_latency_engine
+    monkeypatch.setattr(ascend_ep.mc2, "group_backend", lambda group: "hccl")
+    monkeypatch.setattr(ascend_ep.mc2, "torch_npu_module", lambda: npu)
+    with trace_providers() as ran:
+        buffer = Buffer(_solo_group(), 0, int(1e7))
+    engine = buffer.low_latency_engine
     assert isinstance(engine, Mc2LowLatencyEngine) and engine.chip == "a3"
+    assert buffer.low_latency_engine_name == "ascend.mc2"
+    assert ran == [("ep_low_latency_engine", "ascend", "mc2")]
 
 
 def test_mc2_engine_needs_torch_npu(monkeypatch):
-    monkeypatch.setattr("portable_kernels.ops.ep.mc2_engine.torch_npu_module", lambda: None)
+    monkeypatch.setattr(ascend_ep.mc2, "torch_npu_module", lambda: None)
     with pytest.raises(pk.ContractError, match="'npu'"):
         Buffer(_solo_group(), 0, int(1e7), low_latency_engine=Mc2LowLatencyEngine.factory())
 

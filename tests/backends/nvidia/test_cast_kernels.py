@@ -9,8 +9,9 @@ pytest.importorskip("triton")
 
 from portable_kernels.backends.nvidia.kernels import cast_fp4, cast_fp8, swiglu_cast  # noqa: E402
 from portable_kernels.core.errors import ContractError  # noqa: E402
-from portable_kernels.ops.quant.fp4 import quantize_fp4_reference, # noqa: E402                                   swiglu_forward_and_per_token_cast_reference
-from portable_kernels.ops.swiglu import swiglu_clamp_counts, swiglu_rows
+from portable_kernels.ops.quant.fp4 import quantize_fp4_reference  # noqa: E402
+from portable_kernels.ops.swiglu import (swiglu_clamp_counts, swiglu_forward_and_per_token_cast_reference,  # noqa: E402
+                                         swiglu_rows)
 from portable_kernels.layouts import (sm100_ue8m0_encode, sm100_ue8m0_encode_from_blocks,  # noqa: E402
                                       sm90_sfa_encode)
 from portable_kernels.layouts.fp4 import e2m1_encode_ties_toward_zero, pack_e2m1  # noqa: E402

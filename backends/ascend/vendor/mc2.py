@@ -42,13 +42,13 @@ from typing import Any, Callable
 import attrs
 import torch
 
-from ...core.errors import ContractError, format_problem
-from .constants import LAYOUT_RANGE_SHIFT, NO_EXPERT
-from .low_latency_exchange import AllToAllLowLatencyEngine, CallInfo
-from .results import LowLatencyHandle, Rows
-from .sizes import get_low_latency_rdma_size_hint
-from .transport import Transport
-from .workspace import Workspace
+from portable_kernels.core.errors import ContractError, format_problem
+from portable_kernels.ops.ep.constants import LAYOUT_RANGE_SHIFT, NO_EXPERT
+from portable_kernels.ops.ep.low_latency_exchange import AllToAllLowLatencyEngine, CallInfo
+from portable_kernels.ops.ep.results import LowLatencyHandle, Rows
+from portable_kernels.ops.ep.sizes import get_low_latency_rdma_size_hint
+from portable_kernels.ops.ep.transport import Transport
+from portable_kernels.ops.ep.workspace import Workspace
 
 #: top-k, expert-count and per-chip limits of the MC2 pair (torch_npu docs; see docs/ep.md)
 MAX_TOPK = 16
