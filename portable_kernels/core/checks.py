@@ -53,7 +53,7 @@ def check_tensor(op: str, arg: str, t: Any, dtypes: tuple[torch.dtype, ...], sha
         names = "/".join(str(d).replace("torch.", "") for d in dtypes)
         raise ContractError(format_problem(op, arg, describe(t), f"a tensor of dtype {names} and shape {dims}",
                                            fix or f"pass {arg} as {names} {dims}"))
-    if device is not None:
+    if device is not None and t.device != device:  # the call only on the error path (kernels check per launch)
         check_device(op, arg, t, device)
 
 

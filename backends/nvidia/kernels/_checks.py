@@ -6,7 +6,7 @@ devices and block sizes first and raises ContractError naming the argument and t
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -19,10 +19,8 @@ __all__ = ["GEMM_BLOCK_K", "block_k", "contiguous", "fail", "gemm_output", "inne
 GEMM_BLOCK_K = (16, 32, 64, 128, 256)
 
 
-def tensor(op: str, arg: str, t: Any, dtypes: Sequence[torch.dtype], shape: Sequence[int | None],
-           device: torch.device | None = None) -> None:
-    """t is a tensor of one of `dtypes`, of `shape` (None = any size), on `device` (core's check_tensor)."""
-    check_tensor(op, arg, t, tuple(dtypes), tuple(shape), device)
+#: t is a tensor of one of `dtypes`, of `shape` (None = any size), on `device`
+tensor = check_tensor
 
 
 def block_k(op: str, arg: str, gran_k: int) -> None:
