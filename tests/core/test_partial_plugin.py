@@ -66,5 +66,5 @@ def test_demo_and_doctor_run_with_a_partial_plugin_installed(plugin_env):
 
 
 def test_the_cli_tests_pass_with_a_partial_plugin_installed(plugin_env):
-    result = _run(plugin_env, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS / "test_cli.py"))
+    result = _run(plugin_env, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS / "tools" / "test_cli.py"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

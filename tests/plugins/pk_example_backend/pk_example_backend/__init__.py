@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from portable_kernels import Backend, PreparedTensor, Registry
-from portable_kernels.core.formats import Decoded, Encoded, Format
-from portable_kernels.ops.gemm.dense import gemm_reference
-from portable_kernels.core.oracle import register_reference
-from portable_kernels.ops.quant.fp8 import PER_BLOCK_CAST, PER_TOKEN_CAST, dequantize_reference
-from portable_kernels.core.tensors import QuantTensor
+from portable_kernels.backend_api import (Backend, Decoded, Encoded, Format, PreparedTensor, QuantTensor, Registry,
+                                       dequantize_reference, get_contract, register_reference)
 
 NAME = "example"
 
@@ -50,11 +46,11 @@ def _values(p: PreparedTensor) -> torch.Tensor:
 def fp8_gemm_nt(call) -> None:
     if call.d.numel() == 0:
         return
-    call.d.copy_(gemm_reference(_values(call.a), _values(call.b), call.c))
+    call.d.copy_(get_contract("fp8_gemm_nt").reference(_values(call.a), _values(call.b), call.c))
 
 
 def register(registry: Registry) -> None:
     registry.add_backend(ExampleBackend())
     registry.kernel("fp8_gemm_nt", NAME, "emulated", formats={"a": (TRANSPOSED,), "b": (TRANSPOSED,)})(fp8_gemm_nt)
-    for contract in (PER_TOKEN_CAST, PER_BLOCK_CAST):
+    for contract in (get_contract("per_token_cast_to_fp8"), get_contract("per_block_cast_to_fp8")):
         register_reference(registry, NAME, contract, name="emulated")
