@@ -5,6 +5,8 @@ Public API: quantization (per_token_cast_to_fp8, per_block_cast_to_fp8, dequanti
 strict layout mode and the implicit-conversion counter, the value types and the errors.
 """
 
+import sys
+
 from .ops.attention.prefill import flash_attn_varlen_func, flash_mla_sparse_fwd
 from .ops.quant.block_cast import block_cast
 from .core.alignment import (get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout,
@@ -45,6 +47,12 @@ from . import torch_ops  # noqa: E402, F401  defines torch.ops.portable_kernels.
 from .core import moved as _moved
 
 _moved.install()  # old internal paths (portable_kernels.gemm, ...) for one release
+from .ops import ep  # noqa: E402  the documented `portable_kernels.ep.Buffer`
+
+
+def __getattr__(name: str):
+    """`pk.gemm`, `pk.registry`, ...: the modules that lived here before core/ and ops/ (deprecated)."""
+    return _moved.old_attribute(sys.modules[__name__], name)
 
 __version__ = "0.1.0"
 

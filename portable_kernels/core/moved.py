@@ -46,19 +46,27 @@ MOVED: dict[str, str] = {
     "portable_kernels.ep.mc2_engine": "portable_kernels.backends.ascend.vendor.mc2",
 }
 #: stable public names that live elsewhere now: aliased without a warning
-STABLE: dict[str, str] = {"portable_kernels.errors": "portable_kernels.core.errors"}
+STABLE: dict[str, str] = {"portable_kernels.errors": "portable_kernels.core.errors",
+                           "portable_kernels.ep": "portable_kernels.ops.ep"}
 #: old module names that are also public functions of the package (see the module docstring)
 SHADOWED: dict[str, str] = {"portable_kernels.topk": "portable_kernels.ops.topk",
                             "portable_kernels.block_cast": "portable_kernels.ops.quant.block_cast"}
 
 
+def old_attribute(package: ModuleType, name: str) -> ModuleType:
+    """`portable_kernels.<name>` as an attribute, for a module that used to live there (the package's
+    __getattr__): imported under its old path, so it warns as the import would."""
+    old = f"{package.__name__}.{name}"
+    if old in sys.modules or new_name(old) is not None:
+        return importlib.import_module(old)
+    raise AttributeError(f"module {package.__name__!r} has no attribute {name!r}")
+
+
 def new_name(old: str) -> str | None:
     """The module path `old` moved to, or None if it did not move."""
-    for table in (STABLE, MOVED):
-        best = max((o for o in table if old == o or old.startswith(o + ".")), key=len, default=None)
-        if best is not None:
-            return table[best] + old[len(best):]
-    return None
+    table = {**MOVED, **STABLE}
+    best = max((o for o in table if old == o or old.startswith(o + ".")), key=len, default=None)
+    return None if best is None else table[best] + old[len(best):]
 
 
 class _Alias(importlib.abc.Loader):
@@ -96,5 +104,5 @@ def install() -> None:
     if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
         # first: the path finder would otherwise load a moved package's submodule a second time
         sys.meta_path.insert(0, MovedModuleFinder())
-    for old, new in SHADOWED.items():
+    for old, new in {**SHADOWED, **STABLE}.items():
         sys.modules.setdefault(old, importlib.import_module(new))

@@ -4,8 +4,7 @@ teeth, a bad-input catalogue, and the quick conformance run."""
 import pytest
 import torch
 
-from portable_kernels import ContractError
-from portable_kernels.ops import topk
+from portable_kernels import ContractError, topk
 from portable_kernels.testing import CaseFailure, run_conformance
 from portable_kernels.testing.generators import randn
 from portable_kernels.testing.topk_cases import KINDS, check_topk, random_end, topk_input
