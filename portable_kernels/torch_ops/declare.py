@@ -55,6 +55,22 @@ def schema_type(hint: Any) -> str | None:
 
 
 @attrs.frozen
+class Crossing:
+    """How a public argument that is neither a tensor nor a plain value crosses (an MlaMetadata):
+    its schema arguments (type, name), `to_op(value)` -> their values (in the route) and
+    `from_op(*values)` -> the value again (in the implementation), given the schema arguments
+    `reads` names (default: its own)."""
+
+    fields: tuple[tuple[str, str], ...]
+    to_op: Callable[[Any], tuple]
+    from_op: Callable[..., Any]
+    reads: tuple[str, ...] = ()
+
+    def read(self) -> tuple[str, ...]:
+        return self.reads or tuple(n for _, n in self.fields)
+
+
+@attrs.frozen
 class OpSpec:
     """What the signature alone cannot say about one op (see the module docstring)."""
 
@@ -68,7 +84,10 @@ class OpSpec:
     fake: Callable[..., Any] | None = None
     outputs: Callable[..., Any] | None = None
     result: Callable[..., Any] | None = None
-    fresh: bool = True
+    fresh_outputs: bool = True
+    crossings: Mapping[str, Crossing] = attrs.field(factory=dict)
+    before: Callable[..., Mapping[str, Any]] | None = None
+    extra: Mapping[str, tuple[str, Callable[..., Any]]] = attrs.field(factory=dict)
     contract: OpContract | None = None
 
 
@@ -111,6 +130,10 @@ def _params(name: str, spec: OpSpec, operands: tuple[str, ...]) -> tuple[list[_P
             out.append(_Param(p.name, "consumer", tuple(f"{k} {n}" for k, n in _CONSUMER_FIELDS),
                               tuple(n for _, n in _CONSUMER_FIELDS)))
             continue
+        if p.name in spec.crossings:
+            fields = spec.crossings[p.name].fields
+            out.append(_Param(p.name, "crossing", tuple(f"{k} {n}" for k, n in fields), tuple(n for _, n in fields)))
+            continue
         if p.name in spec.pairs:
             names = (f"{p.name}_data", f"{p.name}_scale")
             out.append(_Param(p.name, "pair", tuple(f"Tensor {n}" for n in names), names))
@@ -130,6 +153,8 @@ def _params(name: str, spec: OpSpec, operands: tuple[str, ...]) -> tuple[list[_P
         if kind.startswith("int[]"):
             crossing_kind = "tuple" if hint.startswith("tuple") else "list"
         out.append(_Param(p.name, crossing_kind, (arg,), (p.name,)))
+    at = len(out) - sum(p.name in spec.tail for p in ordered)
+    out[at:at] = [_Param(extra, "extra", (f"{kind} {extra}",), (extra,)) for extra, (kind, _) in spec.extra.items()]
     return out, list(signature.parameters.values())
 
 
@@ -152,9 +177,14 @@ def _route_source(name: str, params: list[_Param], public_params: list[inspect.P
             heads.append("*")
             seen_kw_only = True
         heads.append(p.name)
+    keywords = ", ".join(f"{p.name}={p.name}" for p in public_params)
     args = []
     for p in params:
-        if p.crossing == "operand":
+        if p.crossing == "extra":
+            args.append(f"_spec.extra[{p.name!r}][1]({keywords})")
+        elif p.crossing == "crossing":
+            args.append(f"*_spec.crossings[{p.name!r}].to_op({p.name})")
+        elif p.crossing == "operand":
             args.append(f"*operand_args({p.name}, _spec.contract, {p.name!r})")
         elif p.crossing == "pair":
             args.append(f"*_pair({p.name})")
@@ -165,18 +195,21 @@ def _route_source(name: str, params: list[_Param], public_params: list[inspect.P
         else:
             args.append(p.name)
     lines = [f"def {name}({', '.join(heads)}):",
-             f"    _spec = SPECS[{name!r}]",
-             f"    _outputs = op({name!r})({', '.join(args)})"]
+             f"    _spec = SPECS[{name!r}]"]
+    if spec.before is not None:
+        lines.append(f"    _changed = _spec.before({keywords})")
+        lines += [f"    {p.name} = _changed.get({p.name!r}, {p.name})" for p in public_params]
+    lines.append(f"    _outputs = op({name!r})({', '.join(args)})")
     if spec.result is None:
         lines.append("    return _outputs")
     else:
-        keywords = ", ".join(f"{p.name}={p.name}" for p in public_params)
         lines.append(f"    return _spec.result(_outputs, {keywords})")
     return "\n".join(lines) + "\n"
 
 
 def _impl_source(name: str, params: list[_Param], public_params: list[inspect.Parameter], spec: OpSpec) -> str:
     schema_names = [n for p in params for n in p.names]
+    schema_keywords = ", ".join(f"{n}={n}" for n in schema_names)
     by_name = {p.name: p for p in params}
     calls = []
     for p in public_params:
@@ -191,6 +224,8 @@ def _impl_source(name: str, params: list[_Param], public_params: list[inspect.Pa
             value = f"({crossed.names[0]}, {crossed.names[1]})"
         elif crossed.crossing == "consumer":
             value = "prepare_for or None"
+        elif crossed.crossing == "crossing":
+            value = f"_spec.crossings[{p.name!r}].from_op({', '.join(spec.crossings[p.name].read())})"
         elif crossed.crossing == "tuple":
             value = f"_as_tuple({p.name})"
         else:
@@ -205,7 +240,7 @@ def _impl_source(name: str, params: list[_Param], public_params: list[inspect.Pa
         tensors = [n for p in params for n, arg in zip(p.names, p.schema) if arg.startswith("Tensor")]
         keywords = ", ".join(f"{n}={n}" for n in schema_names)
         produced = f"_spec.outputs(_value, {keywords})" if spec.outputs is not None else "_value"
-        if spec.fresh:
+        if spec.fresh_outputs:
             lines.append(f"    return fresh({produced}, {', '.join(tensors)})")
         else:
             lines.append(f"    return {produced}")

@@ -88,7 +88,7 @@ def _quantizer(public: Callable[..., Any], fake: Callable[..., tuple], result: C
                **spec: Any) -> None:
     name = public.__pk_op__
     custom_op(public, returns="(Tensor data, Tensor scale)", fake=fake, outputs=_outputs(name), result=result,
-              fresh=False, **spec)
+              fresh_outputs=False, **spec)
 
 
 def _quant(outputs: tuple, element: str, granularity: tuple, ue8m0: bool) -> QuantTensor:
