@@ -9,11 +9,16 @@ hints) and its contract's quantized arguments, and defines `torch.ops.portable_k
   `tuple[int, ...]` -> `int[]`, `torch.dtype` -> `ScalarType`, ...); `types` names the schema
   type of a parameter whose hint does not say it, `local` the parameters the route handles itself
   (never crossing), `tail` the parameters appended to a published schema (last, with their default);
-- the route (what `compiled_call` runs under torch.compile), with the public signature: it takes
-  operands apart (`operand_args`), calls the op and passes its outputs to `result` when given;
+  a quantizer's `prepare_for, arg` become its consumer and the traced target (`_CONSUMER_FIELDS`),
+  a value of another kind crosses as its declared `Crossing` (an MlaMetadata), and `extra` adds
+  arguments the route computes while tracing (get_mla_metadata's backend);
+- the route (what `compiled_call` runs under torch.compile), with the public signature: it runs
+  `before` when given (checks, allocating outputs the caller left None), takes operands apart
+  (`operand_args`), calls the op and passes its outputs to `result` when given;
 - the implementation: it rebuilds the operands (`rebuild_operand`), calls the public function —
   validation, registry, plan cache and provider run inside — and returns its tensors (`outputs`
-  turns a public result into the op's tensors), never an input or a view of one (`fresh`);
+  turns a public result into the op's tensors), never an input or a view of one (`fresh`, unless
+  `fresh_outputs=False`: a quantizer's bytes keep their Format's strides);
 - the fake: nothing for an op returning `()`, else `fake(**schema arguments)`.
 
 The route and the implementation are generated as plain functions (as attrs generates `__init__`),
@@ -238,8 +243,7 @@ def _impl_source(name: str, params: list[_Param], public_params: list[inspect.Pa
         lines.append("    return None")
     else:
         tensors = [n for p in params for n, arg in zip(p.names, p.schema) if arg.startswith("Tensor")]
-        keywords = ", ".join(f"{n}={n}" for n in schema_names)
-        produced = f"_spec.outputs(_value, {keywords})" if spec.outputs is not None else "_value"
+        produced = f"_spec.outputs(_value, {schema_keywords})" if spec.outputs is not None else "_value"
         if spec.fresh_outputs:
             lines.append(f"    return fresh({produced}, {', '.join(tensors)})")
         else:
@@ -248,7 +252,7 @@ def _impl_source(name: str, params: list[_Param], public_params: list[inspect.Pa
     if spec.returns == "()":
         lines.append("    return None")
     else:
-        lines.append(f"    return SPECS[{name!r}].fake({', '.join(f'{n}={n}' for n in schema_names)})")
+        lines.append(f"    return SPECS[{name!r}].fake({schema_keywords})")
     return "\n".join(lines) + "\n"
 
 
@@ -287,7 +291,8 @@ def custom_op(public: Callable[..., Any], **spec_fields: Any) -> OpSpec:
     """Define `torch.ops.portable_kernels.<op>` for public function `public` and register its route.
 
     Keywords are the fields of OpSpec: writes, pairs, local, tail, types, returns, fake, outputs,
-    result (module docstring). Returns the spec; the schema is in `boundary.SCHEMAS`."""
+    result, fresh_outputs, crossings, before, extra (module docstring). Returns the spec; the schema
+    is in `boundary.SCHEMAS`."""
     name = public.__pk_op__
     contract = get_contract(name)
     spec = OpSpec(public, contract=contract, **spec_fields)

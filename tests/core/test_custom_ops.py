@@ -83,7 +83,7 @@ def recording_ops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, t
             return target(*args)
         return call
 
-    for module in (torch_ops.declare, torch_ops.moe_routing):
+    for module in (torch_ops.declare,):
         monkeypatch.setattr(module, "op", recording)
     yield calls
 
