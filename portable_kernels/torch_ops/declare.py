@@ -280,6 +280,11 @@ def _consumer(name: str, device: Any, prepare_for: Any, arg: str) -> tuple[str, 
     return consumer, arg, backend, fmt, list(params)
 
 
+#: the globals the generated functions read (an argument of that name would hide one)
+_RESERVED = frozenset({"SPECS", "op", "fresh", "operand_args", "rebuild_operand", "_as_list", "_as_tuple", "_pair",
+                       "_consumer", "_spec", "_outputs", "_value", "_changed"})
+
+
 def _compile(source: str, filename: str) -> dict[str, Any]:
     """Run generated source with this module's globals (so the functions read `op`, `SPECS`, ... here)."""
     namespace: dict[str, Any] = {}
@@ -300,6 +305,9 @@ def custom_op(public: Callable[..., Any], **spec_fields: Any) -> OpSpec:
         raise TypeError(f"{name}: returns {spec.returns} needs a fake (fake=lambda **args: ...)")
     operands = tuple(q.name for q in contract.quant_args if q.name not in spec.pairs)
     params, public_params = _params(name, spec, operands)
+    clashes = sorted(_RESERVED & ({p.name for p in public_params} | {n for p in params for n in p.names}))
+    if clashes:
+        raise TypeError(f"{name}: argument names {clashes} are names the generated functions use. Fix: rename them.")
     schema = f"{name}({', '.join(arg for p in params for arg in p.schema)}) -> {spec.returns}"
     SPECS[name] = spec
     source = _route_source(name, params, public_params, spec) + _impl_source(name, params, public_params, spec)
