@@ -24,6 +24,7 @@ import torch
 
 import portable_kernels as pk
 from portable_kernels.core.compiled import is_compiling
+from portable_kernels.core.dispatch import provider_for
 from portable_kernels.ops.gemm.dense import FP8_GEMM_NT, GemmInputs
 from portable_kernels.ops.attention.decode import FLASH_MLA_WITH_KVCACHE, MlaDecodeInputs
 from portable_kernels.ops.quant.fp8 import PER_TOKEN_CAST, CastInputs
@@ -51,14 +52,14 @@ def _cases() -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     d = torch.empty(1, 128, dtype=torch.bfloat16)
     gemm_args = (*operand_args(a, contract, "a"), *operand_args(b, contract, "b"), d, None, None)
     gemm = GemmInputs(a, b, d, None)
-    _provider_free(FP8_GEMM_NT, gemm, lambda: pk.dispatch.provider_for(FP8_GEMM_NT, gemm).fn(gemm))
+    _provider_free(FP8_GEMM_NT, gemm, lambda: provider_for(FP8_GEMM_NT, gemm).fn(gemm))
 
     scores = torch.randn(1, 1024)
     top = TopkInputs(scores, 8, None, False, False, torch.int64, 2**31 - 1, float("-inf"), True)
-    _provider_free(TOPK, top, lambda: pk.dispatch.provider_for(TOPK, top).fn(top))
+    _provider_free(TOPK, top, lambda: provider_for(TOPK, top).fn(top))
     xc = torch.randn(4, 256)
     cast = CastInputs(xc, (1, 128), False, pk.PLAIN)
-    _provider_free(PER_TOKEN_CAST, cast, lambda: pk.dispatch.provider_for(PER_TOKEN_CAST, cast).fn(cast))
+    _provider_free(PER_TOKEN_CAST, cast, lambda: provider_for(PER_TOKEN_CAST, cast).fn(cast))
 
     q = torch.randn(1, 1, 16, 576, dtype=torch.bfloat16)
     cache = torch.randn(4, 64, 1, 576, dtype=torch.bfloat16)
@@ -68,7 +69,7 @@ def _cases() -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
     out, lse = torch.empty(1, 1, 16, 512, dtype=torch.bfloat16), torch.empty(1, 16, 1)
     decode = MlaDecodeInputs(q, cache, table, seqlens, 512, 576 ** -0.5, False, False, None, meta, splits, out, lse)
     _provider_free(FLASH_MLA_WITH_KVCACHE, decode,
-                   lambda: pk.dispatch.provider_for(FLASH_MLA_WITH_KVCACHE, decode).fn(decode))
+                   lambda: provider_for(FLASH_MLA_WITH_KVCACHE, decode).fn(decode))
     mla_args = (q, cache, table, seqlens, 512, list(meta.tensors), meta.num_splits, meta.backend, meta.batch_size,
                 meta.num_q_tokens_per_head_k, meta.num_heads_k, meta.num_heads_q, meta.is_fp8_kvcache, meta.topk, True,
                 None, False, False, None, out, lse)

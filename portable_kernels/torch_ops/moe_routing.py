@@ -7,6 +7,8 @@ end the graph; `num_tokens_per_expert` holds the same numbers). With num_expande
 no force_no_sync the row count depends on the routing, so the fake gives it a data-dependent
 size. A FusedMapping argument crosses as its token_topk_to_pos / pos_to_expert tensors.
 `reduce_fused` writes `out` (`Tensor(o!)`); the route allocates it when the caller passes None.
+Schema, route and implementation come from the public signatures (`declare.custom_op`); this
+module holds the routes' unpacking and allocations, the results and the fakes.
 """
 
 from __future__ import annotations
@@ -15,76 +17,37 @@ from typing import Any
 
 import torch
 
-from ..core.compiled import ROUTES
+from ..core.registry import select_backend
+from ..core.tensors import FP8_DTYPE, QuantTensor
 from ..ops.moe_routing import expand as expand_module
 from ..ops.moe_routing import gate, mapping, reduce
 from ..ops.moe_routing.mapping import FusedMapping, _unpack_mapping
-from ..core.registry import select_backend
-from ..core.tensors import FP8_DTYPE, QuantTensor
-from .boundary import OPERAND_ARITY, define, fresh, frozen_new, op, operand_args, operand_schema, operands, selected
+from .boundary import OPERAND_FIELDS, frozen_new, operand_args, rebuild_operand, selected
+from .declare import Crossing, custom_op
+
+#: a mapping argument (a FusedMapping, or token_topk_to_pos with pos_to_expert) crosses as its tensors
+_MAPPING_TYPES = {"token_topk_to_pos": "Tensor", "pos_to_expert": "Tensor"}
 
 
 # -- top2_sum_gate / normalize_weight ----------------------------------------------------------------
 
-def _gate_impl(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
-               routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask,
-               fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx, normalize):
-    out = gate.top2_sum_gate(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
-                             num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks,
-                             scoring_func, mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx,
-                             normalize=normalize)
-    return fresh(out, logits, bias, mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx)
-
-
-def _gate_fake(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
-               *args):
+def _gate_fake(logits: torch.Tensor, num_topk: int, use_shared_as_routed: bool, num_shared_experts: int,
+               **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
     t, slots = logits.shape[0], num_topk + (num_shared_experts if use_shared_as_routed else 0)
     return logits.new_empty((t, slots), dtype=torch.int64), logits.new_empty((t, slots), dtype=torch.float32)
 
 
-define("top2_sum_gate(Tensor logits, Tensor? bias, int num_topk, int num_topk_groups, int num_groups, "
-       "bool use_shared_as_routed, int num_shared_experts, float routed_scaling_factor, int ep_rank, "
-       "int num_ep_ranks, int tp_rank, int num_tp_ranks, str scoring_func, Tensor? mask, Tensor? fix_routing_mask, "
-       "Tensor? to_physical_map, Tensor? logical_count, Tensor(u!)? unmapped_topk_idx, bool normalize) "
-       "-> (Tensor topk_idx, Tensor topk_weights)", _gate_impl, _gate_fake)
-
-
-def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor | None, num_topk: int, num_topk_groups: int,
-                  num_groups: int, use_shared_as_routed: bool = False, num_shared_experts: int = 0,
-                  routed_scaling_factor: float = 1.0, ep_rank: int = 0, num_ep_ranks: int = 1, tp_rank: int = 0,
-                  num_tp_ranks: int = 1, scoring_func: str = "sigmoid", mask: torch.Tensor | None = None,
-                  fix_routing_mask: torch.Tensor | None = None, to_physical_map: torch.Tensor | None = None,
-                  logical_count: torch.Tensor | None = None, unmapped_topk_idx: torch.Tensor | None = None, *,
-                  normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    return op("top2_sum_gate")(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed,
-                               num_shared_experts, routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank,
-                               num_tp_ranks, scoring_func, mask, fix_routing_mask, to_physical_map, logical_count,
-                               unmapped_topk_idx, normalize)
-
-
-def _normalize_fake(topk_weights):
+def _normalize_fake(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     t, k = topk_weights.shape
     return topk_weights.new_empty((t,), dtype=torch.float32), topk_weights.new_empty((t, k), dtype=torch.float32)
 
 
-def _normalize_impl(topk_weights):
-    return fresh(gate.normalize_weight(topk_weights), topk_weights)
-
-
-define("normalize_weight(Tensor topk_weights) -> (Tensor denominator, Tensor normalized)", _normalize_impl,
-       _normalize_fake)
-
-
-def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return op("normalize_weight")(topk_weights)
+custom_op(gate.top2_sum_gate, writes=("unmapped_topk_idx",), returns="(Tensor topk_idx, Tensor topk_weights)",
+          fake=_gate_fake)
+custom_op(gate.normalize_weight, returns="(Tensor denominator, Tensor normalized)", fake=_normalize_fake)
 
 
 # -- get_fused_mapping ----------------------------------------------------------------------------
-
-def _mapping_impl(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync):
-    return fresh(mapping.get_fused_mapping(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)[:7],
-                 topk_idx)
-
 
 def _mapping_fake(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync):
     t, k = topk_idx.shape
@@ -100,102 +63,82 @@ def _mapping_fake(topk_idx, num_experts, num_expanded_tokens, alignment, force_n
     return (new(rows), new(rows), new(rows), new(t, k), new(num_experts), new(num_experts), new(num_experts))
 
 
-define("get_fused_mapping(Tensor topk_idx, int num_experts, int num_expanded_tokens, int? alignment, "
-       "bool force_no_sync) -> (Tensor pos_to_expert, Tensor pos_to_token, Tensor pos_to_token_topk, "
-       "Tensor token_topk_to_pos, Tensor expert_start, Tensor expert_end, Tensor num_tokens_per_expert)",
-       _mapping_impl, _mapping_fake)
+def _mapping_alignment(topk_idx: torch.Tensor, alignment: int | None, **_: Any) -> dict[str, int]:
+    """The backend's alignment when the caller passes None, fixed when the graph is traced."""
+    return {} if alignment is not None else {"alignment": selected(mapping.GET_FUSED_MAPPING.name, topk_idx.device)[2]}
 
 
-def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int = 0,
-                      alignment: int | None = None, force_no_sync: bool = False) -> FusedMapping:
-    if alignment is None:  # the backend's, fixed when the graph is traced
-        alignment = selected(mapping.GET_FUSED_MAPPING.name, topk_idx.device)[2]
-    out = op("get_fused_mapping")(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
-    return FusedMapping(*out, [])
+custom_op(mapping.get_fused_mapping,
+          returns="(Tensor pos_to_expert, Tensor pos_to_token, Tensor pos_to_token_topk, Tensor token_topk_to_pos, "
+                  "Tensor expert_start, Tensor expert_end, Tensor num_tokens_per_expert)",
+          fake=_mapping_fake, before=_mapping_alignment, outputs=lambda value, **_: value[:7],
+          result=lambda outputs, **_: FusedMapping(*outputs, []))
 
 
 # -- expand_to_fused / expand_to_fused_with_sf ------------------------------------------------------
 
-def _expand_impl(x, token_topk_to_pos, pos_to_expert):
-    return fresh(expand_module.expand_to_fused(x, token_topk_to_pos, pos_to_expert), x, token_topk_to_pos,
-                 pos_to_expert)
+def _unpacked(op_name: str) -> Any:
+    def before(token_topk_to_pos: Any, pos_to_expert: torch.Tensor | None, **_: Any) -> dict[str, Any]:
+        ttp, pte = _unpack_mapping(op_name, token_topk_to_pos, pos_to_expert, True)
+        return {"token_topk_to_pos": ttp, "pos_to_expert": pte}
+    return before
 
 
-def _expand_fake(x, token_topk_to_pos, pos_to_expert):
+def _expand_fake(x: torch.Tensor, pos_to_expert: torch.Tensor, **_: Any) -> torch.Tensor:
     return x.new_empty((pos_to_expert.shape[0], x.shape[1]))
 
 
-define("expand_to_fused(Tensor x, Tensor token_topk_to_pos, Tensor pos_to_expert) -> Tensor", _expand_impl,
-       _expand_fake)
+custom_op(expand_module.expand_to_fused, types=_MAPPING_TYPES, before=_unpacked(expand_module.EXPAND_TO_FUSED.name),
+          returns="Tensor", fake=_expand_fake)
 
 
-def expand_to_fused(x: torch.Tensor, token_topk_to_pos: Any, pos_to_expert: torch.Tensor | None = None) -> torch.Tensor:
-    ttp, pte = _unpack_mapping(expand_module.EXPAND_TO_FUSED.name, token_topk_to_pos, pos_to_expert, True)
-    return op("expand_to_fused")(x, ttp, pte)
+def _expand_sf_fake(x_data: torch.Tensor, x_scale: torch.Tensor, pos_to_expert: torch.Tensor,
+                    use_tma_aligned_col_major_sf: bool, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, s = pos_to_expert.shape[0], x_scale.shape[1]
+    out = x_data.new_empty((rows, x_data.shape[1]))
+    if use_tma_aligned_col_major_sf:  # TMA-aligned MN-major, as the eager op allocates it
+        return out, x_scale.new_empty((s, -(-rows // 4) * 4))[:, :rows].T
+    return out, x_scale.new_empty((rows, s))
 
 
-def _expand_sf_impl(*args):
-    (x,) = operands("expand_to_fused_with_sf", ("x",), args)
-    num_per_channels, token_topk_to_pos, pos_to_expert, col_major = args[OPERAND_ARITY:]
-    out = expand_module.expand_to_fused_with_sf(x, num_per_channels, token_topk_to_pos, pos_to_expert, col_major)
-    return out.data, out.scale
-
-
-def _expand_sf_fake(*args):
-    data, scale = args[:2]
-    num_per_channels, token_topk_to_pos, pos_to_expert, col_major = args[OPERAND_ARITY:]
-    rows, s = pos_to_expert.shape[0], scale.shape[1]
-    out = data.new_empty((rows, data.shape[1]))
-    if col_major:  # TMA-aligned MN-major, as the eager op allocates it
-        return out, scale.new_empty((s, -(-rows // 4) * 4))[:, :rows].T
-    return out, scale.new_empty((rows, s))
-
-
-define(f"expand_to_fused_with_sf({operand_schema('x')}, int num_per_channels, Tensor token_topk_to_pos, "
-       "Tensor pos_to_expert, bool use_tma_aligned_col_major_sf) -> (Tensor out, Tensor out_sf)",
-       _expand_sf_impl, _expand_sf_fake)
-
-
-def expand_to_fused_with_sf(x: Any, num_per_channels: int, token_topk_to_pos: Any,
-                            pos_to_expert: torch.Tensor | None = None,
-                            use_tma_aligned_col_major_sf: bool = False) -> QuantTensor:
-    contract = expand_module.EXPAND_TO_FUSED_WITH_SF
-    ttp, pte = _unpack_mapping(contract.name, token_topk_to_pos, pos_to_expert, True)
-    out, out_sf = op("expand_to_fused_with_sf")(*operand_args(x, contract, "x"), num_per_channels, ttp, pte,
-                                                use_tma_aligned_col_major_sf)
+def _expand_sf_result(outputs: tuple, x: Any, num_per_channels: int, **_: Any) -> QuantTensor:
+    out, out_sf = outputs
     granularity = (1, num_per_channels)
     ue8m0 = x.ue8m0 if isinstance(x, QuantTensor) else False
     return frozen_new(QuantTensor, data=out, scale=out_sf, granularity=granularity, ue8m0=ue8m0, element="e4m3",
                       signature=("quant", granularity, ue8m0, "e4m3", out.device))
 
 
+# x is a quantized operand (its ten OPERAND_FIELDS), as the GEMMs' are
+_EXPAND_SF_X = Crossing(
+    tuple((kind, f"x_{field}") for kind, field in OPERAND_FIELDS),
+    lambda x: operand_args(x, expand_module.EXPAND_TO_FUSED_WITH_SF, "x"),
+    lambda *fields: rebuild_operand(expand_module.EXPAND_TO_FUSED_WITH_SF.name, "x", *fields))
+
+custom_op(expand_module.expand_to_fused_with_sf, types=_MAPPING_TYPES, crossings={"x": _EXPAND_SF_X},
+          before=_unpacked(expand_module.EXPAND_TO_FUSED_WITH_SF.name), returns="(Tensor out, Tensor out_sf)",
+          fake=_expand_sf_fake, outputs=lambda value, **_: (value.data, value.scale), result=_expand_sf_result,
+          fresh_outputs=False)
+
+
 # -- reduce_fused ---------------------------------------------------------------------------------
 
-def _reduce_impl(x, x_sf, topk_weights, token_topk_to_pos, fp8_format, sf, out):
-    reduce.reduce_fused(x if x_sf is None else (x, x_sf), topk_weights, token_topk_to_pos, fp8_format, sf, out)
+#: x is a tensor or an FP8 (data, scale) pair: it crosses as `Tensor x, Tensor? x_sf`
+_REDUCE_X = Crossing((("Tensor", "x"), ("Tensor?", "x_sf")),
+                     lambda x: (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, None),
+                     lambda x, x_sf: x if x_sf is None else (x, x_sf))
 
 
-def _reduce_fake(*args):
-    return None
-
-
-define("reduce_fused(Tensor x, Tensor? x_sf, Tensor? topk_weights, Tensor token_topk_to_pos, str fp8_format, "
-       "Tensor? sf, Tensor(o!) out) -> ()", _reduce_impl, _reduce_fake)
-
-
-def reduce_fused(x: Any, topk_weights: torch.Tensor | None, token_topk_to_pos: Any, fp8_format: str = "",
-                 sf: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    ttp, _ = _unpack_mapping(reduce.REDUCE_FUSED.name, token_topk_to_pos, None, False)
-    x_sf = None
-    if isinstance(x, (tuple, list)):
-        x, x_sf = x
+def _reduce_before(x: Any, token_topk_to_pos: Any, fp8_format: str, out: torch.Tensor | None,
+                   **_: Any) -> dict[str, Any]:
+    """The mapping's token_topk_to_pos, and `out` allocated when the caller passes None."""
+    ttp, _pte = _unpack_mapping(reduce.REDUCE_FUSED.name, token_topk_to_pos, None, False)
     if out is None:
-        dtype = FP8_DTYPE if fp8_format == "e4m3" else x.dtype
-        out = torch.empty((ttp.shape[0], x.shape[1]), dtype=dtype, device=x.device)
-    op("reduce_fused")(x, x_sf, topk_weights, ttp, fp8_format, sf, out)
-    return out
+        data = x[0] if isinstance(x, (tuple, list)) else x
+        dtype = FP8_DTYPE if fp8_format == "e4m3" else data.dtype
+        out = torch.empty((ttp.shape[0], data.shape[1]), dtype=dtype, device=data.device)
+    return {"token_topk_to_pos": ttp, "out": out}
 
 
-ROUTES.update(top2_sum_gate=top2_sum_gate, normalize_weight=normalize_weight, get_fused_mapping=get_fused_mapping,
-              expand_to_fused=expand_to_fused, expand_to_fused_with_sf=expand_to_fused_with_sf,
-              reduce_fused=reduce_fused)
+custom_op(reduce.reduce_fused, writes=("out",), types={"token_topk_to_pos": "Tensor", "out": "Tensor"},
+          crossings={"x": _REDUCE_X}, before=_reduce_before, result=lambda outputs, out, **_: out)

@@ -83,9 +83,7 @@ def recording_ops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, t
             return target(*args)
         return call
 
-    for module in (torch_ops.gemm, torch_ops.grouped_gemm, torch_ops.quantization, torch_ops.topk,
-                   torch_ops.moe_routing, torch_ops.moe_indices, torch_ops.swiglu, torch_ops.mla, torch_ops.ep,
-                   torch_ops.parity):
+    for module in (torch_ops.declare,):
         monkeypatch.setattr(module, "op", recording)
     yield calls
 

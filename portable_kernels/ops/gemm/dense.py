@@ -138,7 +138,8 @@ def check_fp8_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTensor 
 
 
 @public_op(FP8_GEMM_NT)
-def fp8_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None) -> None:
+def fp8_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None,
+                recipe: tuple[int, ...] | None = None) -> None:
     """D = C + A·Bᵀ with block-scaled FP8 operands, written into d.
 
     a: (fp8 [M, K], fp32 [M, ceil(K/128)]) — a tuple, QuantTensor or PreparedTensor

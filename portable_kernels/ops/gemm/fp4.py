@@ -89,8 +89,9 @@ def _check_fp8_fp4_operands(op: str, a: QuantTensor | PreparedTensor, b: QuantTe
 
 
 @public_op(FP8_FP4_GEMM_NT)
-def fp8_fp4_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None,
-                    recipe_a: Any = None, recipe_b: Any = None) -> None:
+def fp8_fp4_gemm_nt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None,
+                    recipe: tuple[int, ...] | None = None,
+                    recipe_a: tuple[int, ...] | None = None, recipe_b: tuple[int, ...] | None = None) -> None:
     """D = C + A·Bᵀ with an FP8 activation and an FP4 weight, written into d.
 
     a: (fp8 [M, K], fp32 [M, ceil(K/128)]) — per-token FP8 (gran_k 128 or 32); a tuple, QuantTensor

@@ -375,7 +375,8 @@ def run_contiguous(contract: OpContract, a: Any, b: Any, d: torch.Tensor, groupe
 
 
 @public_op(M_GROUPED_FP8_CONTIGUOUS)
-def m_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indices: torch.Tensor, recipe: Any = None,
+def m_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indices: torch.Tensor,
+                                     recipe: tuple[int, ...] | None = None,
                                      *, use_psum_layout: bool = False,
                                      expected_m_for_psum_layout: int | None = None,
                                      ensure_zero_padding: bool = True) -> None:
@@ -410,7 +411,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indices:
 
 @public_op(M_GROUPED_FP8_MASKED)
 def m_grouped_fp8_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
-                                 recipe: Any = None) -> None:
+                                 recipe: tuple[int, ...] | None = None) -> None:
     """MoE grouped GEMM, masked layout: D[g, r] = A[g, r]·B[g]ᵀ for r < masked_m[g], written into d.
 
     a: (fp8 [G, max_m, K], fp32 [G, max_m, ceil(K/128)])

@@ -71,7 +71,8 @@ def _operands(contract: OpContract, a: Any, b: Any, recipe: Any, recipe_a: Any, 
 
 @public_op(M_GROUPED_FP8_FP4_CONTIGUOUS)
 def m_grouped_fp8_fp4_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indices: torch.Tensor,
-                                         recipe: Any = None, recipe_a: Any = None, recipe_b: Any = None, *,
+                                         recipe: tuple[int, ...] | None = None, recipe_a: tuple[int, ...] | None = None,
+                                         recipe_b: tuple[int, ...] | None = None, *,
                                          use_psum_layout: bool = False, expected_m_for_psum_layout: int | None = None,
                                          ensure_zero_padding: bool = True) -> None:
     """MoE grouped GEMM, contiguous layout, FP8 activations x FP4 weights, written into d.
@@ -94,7 +95,8 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a: Any, b: Any, d: torch.Tensor, m_indi
 
 @public_op(M_GROUPED_FP8_FP4_MASKED)
 def m_grouped_fp8_fp4_gemm_nt_masked(a: Any, b: Any, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
-                                     recipe: Any = None, recipe_a: Any = None, recipe_b: Any = None) -> None:
+                                     recipe: tuple[int, ...] | None = None, recipe_a: tuple[int, ...] | None = None,
+                                     recipe_b: tuple[int, ...] | None = None) -> None:
     """MoE grouped GEMM, masked layout, FP8 activations x FP4 weights, written into d.
 
     a: (fp8 [G, max_m, K], fp32 [G, max_m, ceil(K/gran_k)]); b: (packed E2M1 [G, N, K/2],

@@ -92,7 +92,8 @@ def _bf16(layout: str, a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None) 
 
 
 @public_op(FP8_GEMM_NN)
-def fp8_gemm_nn(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None) -> None:
+def fp8_gemm_nn(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None,
+                recipe: tuple[int, ...] | None = None) -> None:
     """D = C + A·B with block-scaled FP8 operands: a (fp8 [M, K], fp32 [M, ceil(K/128)]),
     b stored [K, N]: (fp8 [K, N], fp32 [ceil(K/128), ceil(N/128)]); d bf16/fp32 [M, N]."""
     if is_compiling():
@@ -101,7 +102,8 @@ def fp8_gemm_nn(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, 
 
 
 @public_op(FP8_GEMM_TN)
-def fp8_gemm_tn(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None) -> None:
+def fp8_gemm_tn(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None,
+                recipe: tuple[int, ...] | None = None) -> None:
     """D = C + Aᵀ·B: a stored [K, M] (fp8 [K, M], fp32 [ceil(K/128), M]), b stored [K, N]
     (fp8 [K, N], fp32 [ceil(K/128), ceil(N/128)]); d bf16/fp32 [M, N]."""
     if is_compiling():
@@ -110,7 +112,8 @@ def fp8_gemm_tn(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, 
 
 
 @public_op(FP8_GEMM_TT)
-def fp8_gemm_tt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None, recipe: Any = None) -> None:
+def fp8_gemm_tt(a: Any, b: Any, d: torch.Tensor, c: torch.Tensor | None = None,
+                recipe: tuple[int, ...] | None = None) -> None:
     """D = C + Aᵀ·Bᵀ: a stored [K, M] (fp8 [K, M], fp32 [ceil(K/128), M]), b (fp8 [N, K],
     fp32 [ceil(N/128), ceil(K/128)]); d bf16/fp32 [M, N]."""
     if is_compiling():
