@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 import torch
-from tile_kernels_oracle import near_midpoints, packed_words, tile_cast, tile_swiglu
+from tile_kernels_oracle import near_midpoints, packed_words, tile_cast, tile_reduce, tile_swiglu
 
 import portable_kernels as pk
 from portable_kernels import tile_kernels
@@ -353,6 +353,21 @@ def test_topk_gate_and_group_selection(experts, topk):
         sums = grouped.topk(n, dim=-1).values.sum(-1)
         want = torch.sort(sums, dim=1, descending=True, stable=True).indices[:, :kg]
         assert torch.equal(tile_kernels.moe.topk_sum_and_topk_group_idx(grouped, n, kg), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_x_sf", [False, True])
+def test_reduce_fused_rounds_each_term_once_like_tile_kernels(dtype, with_x_sf):
+    pytest.importorskip("triton")
+    t, k, rows, h = 40, 6, 300, 256
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(rows, h, generator=g).to(dtype)
+    weights = torch.rand(t, k, generator=g)
+    ttp = torch.randint(-1, rows, (t, k), generator=g, dtype=torch.int32)
+    x_sf = torch.rand(rows, generator=g) if with_x_sf else None
+    got = tile_kernels.moe.reduce_fused((x, x_sf) if with_x_sf else x, weights, ttp)
+    want = tile_reduce(x, weights, ttp, x_sf).to(dtype)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
 @pytest.mark.parametrize("experts,topk,aux", [(72, 6, 1), (256, 8, 8), (9, 2, 2)])
