@@ -370,6 +370,17 @@ def test_reduce_fused_rounds_each_term_once_like_tile_kernels(dtype, with_x_sf):
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
+def test_normalize_weight_sums_from_the_epsilon_in_slot_order():
+    import numpy as np
+    w = torch.rand(2878, 6, generator=torch.Generator().manual_seed(12))  # torch.sum orders 6 columns otherwise
+    acc = np.full(w.shape[0], 1e-20, dtype=np.float32)
+    for slot in range(w.shape[1]):
+        acc = (acc + w[:, slot].numpy()).astype(np.float32)  # TileKernels: acc = 1e-20; acc += w_i
+    denominator, normalized = tile_kernels.moe.normalize_weight(w)
+    assert torch.equal(denominator, torch.from_numpy(acc))
+    assert torch.equal(normalized, w / torch.from_numpy(acc)[:, None])
+
+
 @pytest.mark.parametrize("experts,topk,aux", [(72, 6, 1), (256, 8, 8), (9, 2, 2)])
 def test_counts(experts, topk, aux):
     idx = _topk_idx(401, experts, topk, seed=experts)
