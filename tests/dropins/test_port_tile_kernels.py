@@ -381,6 +381,12 @@ def test_normalize_weight_sums_from_the_epsilon_in_slot_order():
     assert torch.equal(normalized, w / torch.from_numpy(acc)[:, None])
 
 
+def test_topk_gate_and_group_selection_return_contiguous_tensors():
+    scores = torch.randn(33, 72)
+    assert tile_kernels.moe.topk_gate(scores, 6).stride() == (6, 1)
+    assert tile_kernels.moe.topk_sum_and_topk_group_idx(scores.view(33, 8, 9), 2, 4).stride() == (4, 1)
+
+
 @pytest.mark.parametrize("experts,topk,aux", [(72, 6, 1), (256, 8, 8), (9, 2, 2)])
 def test_counts(experts, topk, aux):
     idx = _topk_idx(401, experts, topk, seed=experts)
