@@ -256,6 +256,16 @@ def test_swiglu_values_agree_with_tile_kernels_formula_to_an_ulp():
     assert (data.view(torch.uint8) != want.view(torch.uint8)).float().mean() < 1e-3  # only ulp-boundary codes
 
 
+@pytest.mark.parametrize("round_sf", [False, True])
+def test_swiglu_per_channel_cast_rounds_the_activation_to_bf16_first(round_sf):
+    x, *_ = _swiglu_inputs(256, 384, seed=9)
+    data, sf = tile_kernels.quant.swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", 128, round_sf,
+                                                                                    without_transpose=True)
+    want_data, want_sf = tile_cast(pk.swiglu_forward(x).to(torch.bfloat16).float(), "e4m3", (128, 1), round_sf)
+    assert torch.equal(sf, want_sf)
+    assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))
+
+
 def test_swiglu_sf_clamp_min_is_the_amax_floor():
     x, *_ = _swiglu_inputs(8, 128, seed=7)
     _, sf = tile_kernels.quant.swiglu_forward_and_per_token_cast(x * 1e-6, "e4m3", 128, sf_clamp_min=1.0)
