@@ -287,6 +287,21 @@ def test_m_grouped_contiguous_like_deepgemm(use_psum_layout, is_fp4_b):
         assert calc_diff(d, ref) < bar  # padding rows included: zeroed like DeepGEMM's
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_m_indices_padding_rows_are_written_without_ensure_zero_padding(bf16):
+    """DeepGEMM computes every row of a block, so its -1 rows are the GEMM of their zeroed A rows."""
+    m, a, b, layout, d, ref = _m_grouped_contiguous(3, 96, 128, 256, False)
+    d.fill_(float("nan"))
+    if bf16:
+        a16 = torch.randn(m, 256, dtype=torch.bfloat16).masked_fill((layout < 0)[:, None], 0)
+        b16 = torch.randn(3, 128, 256, dtype=torch.bfloat16)
+        deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a16, b16, d, layout, ensure_zero_padding=False)
+    else:
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous(a, b, d, layout, ensure_zero_padding=False)
+        assert calc_diff(d, ref) < FP8_BAR
+    assert torch.equal(d[layout < 0], torch.zeros_like(d[layout < 0]))
+
+
 def test_m_grouped_nn_takes_b_transposed():
     m, a, b, layout, d, ref = _m_grouped_contiguous(2, 64, 128, 256, False)
     deep_gemm.m_grouped_fp8_gemm_nn_contiguous(a, (b[0].mT.contiguous(), b[1].mT.contiguous()), d, layout)
