@@ -1,4 +1,5 @@
-"""Numeric comparison used by tests, conformance and the demo."""
+"""Numeric comparison used by tests, conformance and the demo, and the exactly rounded fp32 fma the
+references use where a kernel rounds a multiply-add once."""
 
 from __future__ import annotations
 
@@ -37,3 +38,23 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     if denominator == 0:
         return 0.0
     return float(1 - 2 * (x * y).sum() / denominator)
+
+
+def fma_fp32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 `a · b + c` rounded once (an IEEE fma), on any device, broadcasting.
+
+    The fp32 product is exact in float64; the float64 sum with c is made round-to-odd (its residual,
+    from an error-free two-sum, decides the last bit), and rounding that to fp32 is then the
+    correctly rounded result, because float64 carries more than two bits beyond fp32's 24.
+    """
+    a64, b64, c64 = a.double(), b.double(), c.double()
+    product = a64 * b64
+    total = product + c64
+    back = total - c64
+    residual = (c64 - (total - back)) + (product - back)
+    bits = total.view(torch.int64)
+    even = (bits & 1) == 0
+    inexact = (residual != 0) & even & torch.isfinite(total)
+    toward = torch.where(residual > 0, torch.full_like(total, float("inf")), torch.full_like(total, float("-inf")))
+    total = torch.where(inexact, torch.nextafter(total, toward), total)
+    return total.float()

@@ -5,6 +5,11 @@ The FP8 m-grouped names are the FP8 x FP4 functions, as in DeepGEMM; FP8 weights
 m_grouped_fp8_gemm_*, packed FP4 weights to m_grouped_fp8_fp4_gemm_*. The nn forms take B stored
 [G, K, N] and pass its transposed view. Contiguous outputs get their padding rows zeroed unless
 ensure_zero_padding=False; the layout's alignment is get_mk_alignment_for_contiguous_layout().
+
+With m_indices (not the psum form) DeepGEMM writes every row of a block it computes, padding rows
+(m_indices -1) included, as the GEMM of their A rows, which its layouts zero: so here the padding
+rows are always written, as 0, whatever ensure_zero_padding says. Only the psum form leaves its
+gaps unwritten when ensure_zero_padding=False, as DeepGEMM does.
 """
 
 from __future__ import annotations
@@ -34,9 +39,16 @@ def _operands(op: str, a: Any, b: Any, recipe: Any, recipe_a: Any, recipe_b: Any
     return operand(op, "a", a, ga), qb
 
 
+def _zero_padding(use_psum_layout: Any, ensure_zero_padding: Any) -> Any:
+    """DeepGEMM writes m_indices padding rows (the GEMM of zeroed A rows: 0) even without
+    ensure_zero_padding; only its psum gaps stay unwritten then."""
+    return True if use_psum_layout is False and ensure_zero_padding is False else ensure_zero_padding
+
+
 def _contiguous(op: str, a: Any, b: Any, d: torch.Tensor, grouped_layout: torch.Tensor, recipe: Any, recipe_a: Any,
                 recipe_b: Any, compiled_dims: Any, disable_ue8m0_cast: Any, use_psum_layout: Any,
                 ensure_zero_padding: Any, expected_m: Any, b_transposed: bool) -> None:
+    ensure_zero_padding = _zero_padding(use_psum_layout, ensure_zero_padding)
     qa, qb = _operands(op, a, b, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, b_transposed)
     fn = pk_fp4.m_grouped_fp8_fp4_gemm_nt_contiguous if _element(qb) == "e2m1" \
         else pk_grouped.m_grouped_fp8_gemm_nt_contiguous
@@ -89,7 +101,8 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     check_keywords("m_grouped_bf16_gemm_nt_contiguous", compiled_dims)
     pk_grouped.m_grouped_bf16_gemm_nt_contiguous(a, b, d, grouped_layout, use_psum_layout=use_psum_layout,
                                                  expected_m_for_psum_layout=expected_m_for_psum_layout,
-                                                 ensure_zero_padding=ensure_zero_padding)
+                                                 ensure_zero_padding=_zero_padding(use_psum_layout,
+                                                                                   ensure_zero_padding))
 
 
 def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, grouped_layout: torch.Tensor,
@@ -100,7 +113,8 @@ def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     # B stored [G, K, N]: its nt form is the transposed view (a provider that needs K-contiguous rows copies it)
     pk_grouped.m_grouped_bf16_gemm_nt_contiguous(a, b.mT if isinstance(b, torch.Tensor) else b, d, grouped_layout,
                                                  use_psum_layout=use_psum_layout,
-                                                 ensure_zero_padding=ensure_zero_padding)
+                                                 ensure_zero_padding=_zero_padding(use_psum_layout,
+                                                                                   ensure_zero_padding))
 
 
 def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,

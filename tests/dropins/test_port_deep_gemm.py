@@ -287,6 +287,21 @@ def test_m_grouped_contiguous_like_deepgemm(use_psum_layout, is_fp4_b):
         assert calc_diff(d, ref) < bar  # padding rows included: zeroed like DeepGEMM's
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_m_indices_padding_rows_are_written_without_ensure_zero_padding(bf16):
+    """DeepGEMM computes every row of a block, so its -1 rows are the GEMM of their zeroed A rows."""
+    m, a, b, layout, d, ref = _m_grouped_contiguous(3, 96, 128, 256, False)
+    d.fill_(float("nan"))
+    if bf16:
+        a16 = torch.randn(m, 256, dtype=torch.bfloat16).masked_fill((layout < 0)[:, None], 0)
+        b16 = torch.randn(3, 128, 256, dtype=torch.bfloat16)
+        deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a16, b16, d, layout, ensure_zero_padding=False)
+    else:
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous(a, b, d, layout, ensure_zero_padding=False)
+        assert calc_diff(d, ref) < FP8_BAR
+    assert torch.equal(d[layout < 0], torch.zeros_like(d[layout < 0]))
+
+
 def test_m_grouped_nn_takes_b_transposed():
     m, a, b, layout, d, ref = _m_grouped_contiguous(2, 64, 128, 256, False)
     deep_gemm.m_grouped_fp8_gemm_nn_contiguous(a, (b[0].mT.contiguous(), b[1].mT.contiguous()), d, layout)
@@ -340,6 +355,58 @@ def test_m_grouped_masked_and_its_psum_form():
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a_psum, sf_psum), b_q, d_psum, psum, use_psum_layout=True,
                                                expected_m_for_psum_layout=48)
     assert calc_diff(d_psum[psum[1]:psum[2]], ref[2, :64]) < FP8_BAR
+
+
+def _masked_ue8m0_operands(masked_m, max_m=64, n=128, k=256):
+    g = masked_m.numel()
+    a = torch.randn(g, max_m, k, dtype=torch.bfloat16)
+    b = torch.randn(g, n, k, dtype=torch.bfloat16)
+    a_q = [deep_gemm.per_token_cast_to_fp8(a[i], True) for i in range(g)]
+    b_q = [deep_gemm.per_block_cast_to_fp8(b[i], True) for i in range(g)]
+    a_q = (torch.stack([q[0] for q in a_q]), torch.stack([q[1] for q in a_q]))
+    b_q = (torch.stack([q[0] for q in b_q]), torch.stack([q[1] for q in b_q]))
+    return a, b, a_q, b_q
+
+
+def test_sm100_accepts_zero_scales_in_rows_beyond_masked_m_and_refuses_them_in_read_rows():
+    masked_m = torch.tensor([40, 0, 64], dtype=torch.int32)
+    a, b, a_q, b_q = _masked_ue8m0_operands(masked_m)
+    for j in range(3):
+        a_q[1][j, int(masked_m[j]):] = 0  # as DeepGEMM's generator: the pack kernel reads regular zeros
+    d = torch.empty(3, 64, 128, dtype=torch.bfloat16)
+    ref = torch.einsum("gmk,gnk->gmn", a.float(), b.float())
+    with pk.use_backend("nvidia", arch="sm100"):
+        deep_gemm.m_grouped_fp8_gemm_nt_masked(a_q, b_q, d, masked_m, 48, disable_ue8m0_cast=False)
+        assert calc_diff(d[0, :40], ref[0, :40]) < FP8_BAR and calc_diff(d[2], ref[2]) < FP8_BAR
+        a_q[1][0, 39, 0] = 3.0  # a row the GEMM reads
+        with pytest.raises(pk.LayoutError, match="powers of two"):
+            deep_gemm.m_grouped_fp8_gemm_nt_masked(a_q, b_q, d, masked_m, 48, disable_ue8m0_cast=False)
+
+
+def test_sm100_accepts_uninitialised_psum_gap_rows_and_refuses_bad_scales_in_read_rows():
+    masked_m = torch.tensor([40, 0, 64], dtype=torch.int32)
+    a, b, a_q, b_q = _masked_ue8m0_operands(masked_m)
+    alignment = deep_gemm.get_mk_alignment_for_contiguous_layout()
+    a_psum = torch.full((3 * 64, 256), float("nan")).to(torch.float8_e4m3fn)  # gaps: garbage, as torch.empty
+    sf_psum = torch.full((3 * 64, a_q[1].shape[-1]), -3.7)
+    psum, last = [], 0
+    for j in range(3):
+        end = last + int(masked_m[j])
+        a_psum[last:end], sf_psum[last:end] = a_q[0][j, :masked_m[j]], a_q[1][j, :masked_m[j]]
+        psum.append(end)
+        last = deep_gemm.align(end, alignment)
+    psum = torch.tensor(psum, dtype=torch.int32)
+    d = torch.empty(3 * 64, 128, dtype=torch.bfloat16)
+    ref = torch.einsum("gmk,gnk->gmn", a.float(), b.float())
+    with pk.use_backend("nvidia", arch="sm100"):
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a_psum, sf_psum), b_q, d, psum, use_psum_layout=True,
+                                                   disable_ue8m0_cast=False)
+        assert calc_diff(d[:40], ref[0, :40]) < FP8_BAR
+        assert calc_diff(d[int(psum[1]):int(psum[2])], ref[2]) < FP8_BAR
+        sf_psum[0, 0] = 3.0  # a row the GEMM reads
+        with pytest.raises(pk.LayoutError, match="powers of two"):
+            deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a_psum, sf_psum), b_q, d, psum, use_psum_layout=True,
+                                                       disable_ue8m0_cast=False)
 
 
 def test_m_grouped_bf16_contiguous_and_masked():

@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 import torch
-from tile_kernels_oracle import near_midpoints, packed_words, tile_cast, tile_swiglu
+from tile_kernels_oracle import near_midpoints, packed_words, tile_cast, tile_reduce, tile_swiglu
 
 import portable_kernels as pk
 from portable_kernels import tile_kernels
@@ -256,6 +256,16 @@ def test_swiglu_values_agree_with_tile_kernels_formula_to_an_ulp():
     assert (data.view(torch.uint8) != want.view(torch.uint8)).float().mean() < 1e-3  # only ulp-boundary codes
 
 
+@pytest.mark.parametrize("round_sf", [False, True])
+def test_swiglu_per_channel_cast_rounds_the_activation_to_bf16_first(round_sf):
+    x, *_ = _swiglu_inputs(256, 384, seed=9)
+    data, sf = tile_kernels.quant.swiglu_forward_and_per_channel_cast_and_transpose(x, "e4m3", 128, round_sf,
+                                                                                    without_transpose=True)
+    want_data, want_sf = tile_cast(pk.swiglu_forward(x).to(torch.bfloat16).float(), "e4m3", (128, 1), round_sf)
+    assert torch.equal(sf, want_sf)
+    assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))
+
+
 def test_swiglu_sf_clamp_min_is_the_amax_floor():
     x, *_ = _swiglu_inputs(8, 128, seed=7)
     _, sf = tile_kernels.quant.swiglu_forward_and_per_token_cast(x * 1e-6, "e4m3", 128, sf_clamp_min=1.0)
@@ -353,6 +363,38 @@ def test_topk_gate_and_group_selection(experts, topk):
         sums = grouped.topk(n, dim=-1).values.sum(-1)
         want = torch.sort(sums, dim=1, descending=True, stable=True).indices[:, :kg]
         assert torch.equal(tile_kernels.moe.topk_sum_and_topk_group_idx(grouped, n, kg), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_x_sf", [False, True])
+def test_reduce_fused_rounds_each_term_once_like_tile_kernels(dtype, with_x_sf):
+    pytest.importorskip("triton")
+    t, k, rows, h = 40, 6, 300, 256
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(rows, h, generator=g).to(dtype)
+    weights = torch.rand(t, k, generator=g)
+    ttp = torch.randint(-1, rows, (t, k), generator=g, dtype=torch.int32)
+    x_sf = torch.rand(rows, generator=g) if with_x_sf else None
+    got = tile_kernels.moe.reduce_fused((x, x_sf) if with_x_sf else x, weights, ttp)
+    want = tile_reduce(x, weights, ttp, x_sf).to(dtype)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_normalize_weight_sums_from_the_epsilon_in_slot_order():
+    import numpy as np
+    w = torch.rand(2878, 6, generator=torch.Generator().manual_seed(12))  # torch.sum orders 6 columns otherwise
+    acc = np.full(w.shape[0], 1e-20, dtype=np.float32)
+    for slot in range(w.shape[1]):
+        acc = (acc + w[:, slot].numpy()).astype(np.float32)  # TileKernels: acc = 1e-20; acc += w_i
+    denominator, normalized = tile_kernels.moe.normalize_weight(w)
+    assert torch.equal(denominator, torch.from_numpy(acc))
+    assert torch.equal(normalized, w / torch.from_numpy(acc)[:, None])
+
+
+def test_topk_gate_and_group_selection_return_contiguous_tensors():
+    scores = torch.randn(33, 72)
+    assert tile_kernels.moe.topk_gate(scores, 6).stride() == (6, 1)
+    assert tile_kernels.moe.topk_sum_and_topk_group_idx(scores.view(33, 8, 9), 2, 4).stride() == (4, 1)
 
 
 @pytest.mark.parametrize("experts,topk,aux", [(72, 6, 1), (256, 8, 8), (9, 2, 2)])

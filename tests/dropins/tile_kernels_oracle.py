@@ -103,3 +103,25 @@ def tile_swiglu(x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.T
     gate, up = x.float().chunk(2, dim=-1)
     out = gate / (1.0 + torch.exp(-gate)) * up
     return out if weights is None else out * weights[:, None]
+
+
+def tile_reduce(x: torch.Tensor, topk_weights: torch.Tensor | None, token_topk_to_pos: torch.Tensor,
+                x_sf: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 [T, H] as TileKernels' reduce_fused sums: slot by slot from 0, s = weight (or 1) times
+    x_sf[pos] in fp32, then acc = fma(x[pos], s, acc). The fma is the Triton interpreter's (std::fma
+    on the host), independent of portable_kernels' own."""
+    from triton.runtime.interpreter import _interpreter
+    t, k = token_topk_to_pos.shape
+    acc = torch.zeros(t, x.shape[1], dtype=torch.float32).numpy()
+    xs = x.float().numpy()
+    for token in range(t):
+        for slot in range(k):
+            pos = int(token_topk_to_pos[token, slot])
+            if pos < 0:
+                continue
+            s = torch.tensor(1.0 if topk_weights is None else float(topk_weights[token, slot]))
+            if x_sf is not None:
+                s = s * x_sf[pos]
+            scale = torch.full((x.shape[1],), float(s), dtype=torch.float32).numpy()
+            acc[token] = _interpreter.fma_fp32(xs[pos], scale, acc[token])
+    return torch.from_numpy(acc)

@@ -135,13 +135,14 @@ PK_EXPORT void pk_reduce(const void* x, int x_bf16, int64_t P, int64_t H, const 
           const __m512 vs = _mm512_set1_ps(scale);
           for (; h + 16 <= H; h += 16) {
             const __m512 v = pk::bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + h)));
-            _mm512_storeu_ps(acc.data() + h, _mm512_add_ps(_mm512_loadu_ps(acc.data() + h), _mm512_mul_ps(v, vs)));
+            // one rounding per term, as TileKernels' kernel (an fma, not a multiply then an add)
+            _mm512_storeu_ps(acc.data() + h, _mm512_fmadd_ps(v, vs, _mm512_loadu_ps(acc.data() + h)));
           }
 #endif
-          for (; h < H; ++h) acc[h] += pk::bf16_to_f32(row[h]) * scale;
+          for (; h < H; ++h) acc[h] = std::fma(pk::bf16_to_f32(row[h]), scale, acc[h]);
         } else {
           const float* row = static_cast<const float*>(x) + p * H;
-          for (; h < H; ++h) acc[h] += row[h] * scale;
+          for (; h < H; ++h) acc[h] = std::fma(row[h], scale, acc[h]);
         }
       }
       const float osf = sf ? sf[0] : 1.0f;

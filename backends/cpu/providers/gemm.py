@@ -279,10 +279,18 @@ def fp8_gemm_nt_native(call) -> None:
 
 
 def bf16_gemm_nt_native(call) -> None:
-    """GemmInputs with bf16 a, b: D = C + A·Bᵀ accumulated in fp32 (any d dtype, with c)."""
-    a = call.a
+    """GemmInputs with bf16 a, b: D = C + A·Bᵀ accumulated in fp32 (any d dtype, with c).
+
+    The kernel reads K-contiguous rows; MN-major operands (DeepGEMM's wgrad passes A and B as
+    transposed views) are copied to that order first, a copy of plain bf16 values, not a change of
+    format."""
+    a, b = call.a, call.b
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    if not b.is_contiguous():
+        b = b.contiguous()
     m, k = a.shape[0], a.shape[-1]
-    gemm_dense(BF16_OP, a, None, AMX_UNSCALED_PERIOD, call.b, None, (1, 1), call.d, call.c, k, engine=_engine_for(m))
+    gemm_dense(BF16_OP, a, None, AMX_UNSCALED_PERIOD, b, None, (1, 1), call.d, call.c, k, engine=_engine_for(m))
 
 
 def bf16_gemm_nt_blas(call) -> None:

@@ -1,7 +1,7 @@
 """reduce_fused in Triton: each token's weighted sum of its expert rows, back in token order.
 
 out[t] = Σ_slots x[pos] · weight (· x_sf[pos]) over the token's slots with pos >= 0, accumulated in
-fp32 in slot order (the reference's order); rows no slot points to are never read. Outputs: x's
+fp32 in slot order, each term one fma (the reference's order and rounding); rows no slot points to are never read. Outputs: x's
 dtype (bf16 rounded to nearest even, or fp32), or e4m3 after multiplying by sf and clamping to ±448.
 """
 
@@ -39,7 +39,7 @@ def moe_reduce_kernel(x_ptr, xsf_ptr, w_ptr, ttp_ptr, sf_ptr, out_ptr, P, H, str
         # the slot's validity as a vector (the interpreter cannot mix scalar and vector masks)
         take = cmask & ((pos + tl.zeros((BLOCK,), tl.int64)) >= 0) & ((pos + tl.zeros((BLOCK,), tl.int64)) < P)
         row = tl.load(x_ptr + pos * stride_x + cols, mask=take, other=0.0).to(tl.float32)
-        acc += tl.where(take, row * scale, 0.0)
+        acc = tl.where(take, tl.fma(row, scale, acc), acc)  # one rounding per term, as TileKernels
     if OUT_KIND == 2:
         if HAS_SF:
             acc = acc * tl.load(sf_ptr)

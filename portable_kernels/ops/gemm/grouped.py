@@ -341,6 +341,17 @@ def _check_layout_values(op: str, grouped_layout: torch.Tensor, use_psum_layout:
 
 
 
+def unread_scales_as_one(a: Any, read: torch.Tensor) -> Any:
+    """`a` with the per-row scales of the rows no group reads (bool `read` [..., rows] False) set to
+    1.0: a power of two, so converting into an exponent-only Format checks only the scales the op
+    reads. DeepGEMM's layouts leave those rows zero (masked) or uninitialised (psum gaps), and its
+    kernels never read them. Data, and operands already known to hold powers of two, are untouched."""
+    if not isinstance(a, QuantTensor) or a.ue8m0 or a.granularity[0] != 1 or a.scale.shape[:-1] != read.shape:
+        return a
+    return QuantTensor.unchecked(a.data, a.scale.masked_fill(~read[..., None], 1.0), a.granularity, a.ue8m0,
+                                 a.element)
+
+
 def run_masked(contract: OpContract, a: Any, b: Any, d: torch.Tensor, masked_m: torch.Tensor,
                expected_m: int | None) -> None:
     """Check d, masked_m and expected_m of a masked grouped GEMM whose operands a [G, max_m, K] and
@@ -353,7 +364,8 @@ def run_masked(contract: OpContract, a: Any, b: Any, d: torch.Tensor, masked_m: 
     check_host_int(op, "expected_m", expected_m)
     if checks_values(masked_m):
         check_masked_m_values(op, masked_m, max_m)
-    run(contract, MaskedGroupedInputs(a, b, d, masked_m, expected_m))
+    read = torch.arange(max_m, device=masked_m.device)[None, :] < masked_m.to(torch.int64)[:, None]
+    run(contract, MaskedGroupedInputs(unread_scales_as_one(a, read), b, d, masked_m, expected_m))
 
 def run_contiguous(contract: OpContract, a: Any, b: Any, d: torch.Tensor, grouped_layout: torch.Tensor,
                    use_psum_layout: bool, expected_m: int | None, ensure_zero_padding: bool) -> None:
@@ -366,7 +378,9 @@ def run_contiguous(contract: OpContract, a: Any, b: Any, d: torch.Tensor, groupe
     inputs = ContiguousGroupedInputs(a, b, d, grouped_layout, use_psum_layout, 0, expected_m)
     alignment = _alignment(contract, inputs)
     _check_layout_values(op, grouped_layout, use_psum_layout, g, m, alignment)
-    run(contract, attrs.evolve(inputs, alignment=alignment))
+    if use_psum_layout:  # the gaps between groups (and the tail) are never read
+        a = unread_scales_as_one(a, ~padding_rows(grouped_layout, True, alignment, m))
+    run(contract, attrs.evolve(inputs, a=a, alignment=alignment))
     if ensure_zero_padding and d.numel():
         d.masked_fill_(padding_rows(grouped_layout, use_psum_layout, alignment, m)[:, None], 0)
 

@@ -86,9 +86,15 @@ def top2_sum_gate_reference(logits: torch.Tensor, bias: torch.Tensor | None, num
 
 
 def normalize_weight_reference(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(denominator fp32 [T] = Σ weights + 1e-20, normalized fp32 [T, k] = weights / denominator)."""
-    denominator = topk_weights.float().sum(-1) + NORMALIZE_EPS
-    return denominator, topk_weights.float() / denominator[:, None]
+    """(denominator fp32 [T] = 1e-20 + w_0 + w_1 + ..., normalized fp32 [T, k] = weights / denominator).
+
+    The fp32 sum starts from the 1e-20 and adds the weights one by one in slot order (TileKernels'
+    order, a rounding per addition), so the bytes are TileKernels'."""
+    weights = topk_weights.float()
+    denominator = torch.full(weights.shape[:1], NORMALIZE_EPS, dtype=torch.float32, device=weights.device)
+    for slot in range(weights.shape[1]):
+        denominator = denominator + weights[:, slot]
+    return denominator, weights / denominator[:, None]
 
 
 @attrs.frozen
@@ -246,7 +252,8 @@ def _check_gate_args(op: str, logits: torch.Tensor, bias: torch.Tensor | None, n
 def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's weights divided by their sum (TileKernels `normalize_weight`).
 
-    topk_weights: fp32 [T, k]. Returns (denominator fp32 [T] = Σ + 1e-20, normalized fp32 [T, k]).
+    topk_weights: fp32 [T, k]. Returns (denominator fp32 [T] = 1e-20 + w_0 + w_1 + ... summed in that order,
+    normalized fp32 [T, k]).
     NaN/Inf are not checked: they propagate into their token's row.
     """
     if is_compiling():

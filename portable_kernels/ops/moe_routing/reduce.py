@@ -13,6 +13,7 @@ from ...core.compiled import compiled_call, is_compiling
 from ...core.contract import OpContract, Tolerance, public_op, register_contract
 from ...core.dispatch import run
 from ...core.errors import ContractError, format_problem
+from ...core.numerics import fma_fp32
 from ...layouts import FP8_E4M3_MAX
 from ...core.providers import Inputs
 from ...core.tensors import FP8_DTYPE, describe
@@ -29,7 +30,8 @@ FP8_FORMATS = ("", "e4m3")
 def reduce_fused_reference(x: torch.Tensor, topk_weights: torch.Tensor | None, token_topk_to_pos: torch.Tensor,
                            x_sf: torch.Tensor | None = None, sf: torch.Tensor | None = None,
                            fp8: bool = False) -> torch.Tensor:
-    """fp32 [T, H]: Σ over the token's mapped rows of x[pos] · weight (· x_sf[pos]), fp32 accumulation;
+    """fp32 [T, H]: Σ over the token's mapped rows of x[pos] · weight (· x_sf[pos]), fp32 accumulation in
+    slot order, each term added by one fma (the weight times x_sf rounded first, as TileKernels);
     padding slots (pos < 0) contribute nothing and padding rows are never read. With fp8 output the
     sum is multiplied by sf (if given) and clamped to ±448, ready for the cast."""
     pos = token_topk_to_pos.to(torch.int64)
@@ -39,8 +41,12 @@ def reduce_fused_reference(x: torch.Tensor, topk_weights: torch.Tensor | None, t
         else topk_weights.float()
     if x_sf is not None:
         scale = scale * x_sf.float()[safe]
-    rows = x.float()[safe] * scale[..., None]
-    out = torch.where(valid[..., None], rows, 0.0).sum(1)
+    # TileKernels' order: slot by slot, each term one fma into the fp32 sum (a rounding per slot, not two)
+    xf = x.float()
+    out = torch.zeros(pos.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    for slot in range(pos.shape[1]):
+        term = fma_fp32(xf[safe[:, slot]], scale[:, slot, None], out)
+        out = torch.where(valid[:, slot, None], term, out)
     if fp8:
         if sf is not None:
             out = out * sf.float()
@@ -95,7 +101,7 @@ def reduce_fused(x: Any, topk_weights: torch.Tensor | None, token_topk_to_pos: t
     fp8_format: "" (output in x's dtype) or "e4m3" (output fp8: the fp32 sum times sf, clamped to ±448)
     sf: None or fp32 [1], only with fp8_format "e4m3"
     out: None or a contiguous [T, H] tensor of the output dtype to write into
-    Accumulates in fp32; returns the output [T, H].
+    Accumulates in fp32 slot by slot, one fma per term (TileKernels' rounding); returns the output [T, H].
     """
     if is_compiling():
         return compiled_call("reduce_fused", x, topk_weights, token_topk_to_pos, fp8_format, sf, out)

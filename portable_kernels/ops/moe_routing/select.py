@@ -24,7 +24,8 @@ _FINITE_FIX = "find where the scores became NaN/Inf upstream; they cannot be ran
 
 def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     """int64 indices of the k largest along the last dim, best first, equal values to the smaller index."""
-    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+    # a contiguous [..., k] result (TileKernels' strides), not a view of the full sort
+    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k].contiguous()
 
 
 def topk_sum(scores: torch.Tensor, num_topk_sum: int) -> torch.Tensor:
@@ -96,8 +97,8 @@ TOPK_SUM_AND_TOPK_GROUP_IDX = register_contract(OpContract(
 def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     """The num_topk best experts per token (TileKernels `topk_gate`).
 
-    scores: fp32 [T, E], finite; 1 <= num_topk <= E. Returns int64 [T, num_topk], best first,
-    equal scores to the smaller index.
+    scores: fp32 [T, E], finite; 1 <= num_topk <= E. Returns a contiguous int64 [T, num_topk], best
+    first, equal scores to the smaller index.
     """
     if is_compiling():
         return compiled_call("topk_gate", scores, num_topk)
@@ -114,8 +115,8 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     `topk_sum_and_topk_group_idx`).
 
     scores: fp32 [T, G, P] (P experts per group), finite; 1 <= num_topk_sum <= P (TileKernels takes
-    1 or 2); 1 <= num_topk_groups <= G. Returns int64 [T, num_topk_groups], best first, ties to the
-    smaller group index.
+    1 or 2); 1 <= num_topk_groups <= G. Returns a contiguous int64 [T, num_topk_groups], best first,
+    ties to the smaller group index.
     """
     if is_compiling():
         return compiled_call("topk_sum_and_topk_group_idx", scores, num_topk_sum, num_topk_groups)

@@ -60,7 +60,8 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False, without_transpose: bool = False,
         swiglu_clamp_value: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 [hidden, M] (or [M, hidden] with without_transpose), fp32 sf [ceil(M/num_per_tokens), hidden])
-    of silu(gate)·up cast with one scale per (num_per_tokens rows, 1 column)."""
+    of silu(gate)·up, rounded to x's dtype (bf16) as TileKernels, cast with one scale per
+    (num_per_tokens rows, 1 column)."""
     op = "swiglu_forward_and_per_channel_cast_and_transpose"
     _check_x(op, x)
     check_int(op, "num_per_tokens", num_per_tokens, 1, fix="pass 128 (or 32)")
@@ -69,6 +70,7 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     if not isinstance(without_transpose, bool):
         raise ContractError(format_problem(op, "without_transpose", repr(without_transpose), "a bool",
                                            "pass True or False"))
-    y = swiglu_forward(x, None, None, swiglu_clamp_value)
+    # TileKernels stores the activation in x's dtype (bf16) before its amax and cast: so does this
+    y = swiglu_forward(x, None, None, swiglu_clamp_value).to(x.dtype)
     data, sf = block_cast(y, "e4m3", (num_per_tokens, 1), round_sf)
     return (data if without_transpose else data.t().contiguous()), sf

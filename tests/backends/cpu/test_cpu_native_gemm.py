@@ -173,6 +173,17 @@ def test_public_gemm_ops_run_the_native_provider(m):
     assert calc_diff(d, _reference(dequantize_reference(a), dequantize_reference(b))) < 1e-5
 
 
+def test_bf16_gemm_with_c_reads_mn_major_operands_as_the_wgrad_passes_them():
+    a = randn(256, 64, seed=3, dtype=torch.bfloat16).T    # [M, K] views of K-major storage [K, M]
+    b = randn(256, 96, seed=4, dtype=torch.bfloat16).T
+    c = randn(64, 96, seed=5)
+    d = poison(64, 96, dtype=torch.float32)
+    with trace_providers() as ran:
+        pk.bf16_gemm_nt(a, b, d, c=c)
+    assert ran == [("bf16_gemm_nt", "cpu", "native")]
+    assert calc_diff(d, c + a.float() @ b.float().T) < 1e-10
+
+
 # -- per-call latency paths: register dequantization, serial small calls, the packed call --------------
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
