@@ -207,11 +207,19 @@ def tiny_config(q_lora_rank: int | None = 256, num_hidden_layers: int = 3, vocab
     }
 
 
+# A random router is far less decisive than a trained one: near-ties flip under FP8 activation
+# error and dominate the logit difference. A wider logit spread keeps such flips rare.
+ROUTER_GAIN = 4.0
+ROUTER_BIAS_STD = 0.1
+# Logits of std ~3 over the vocabulary, so greedy top-1 margins are not all near-ties.
+LM_HEAD_GAIN = 3.0
+
+
 def _random_tensor(spec: TensorSpec, g: torch.Generator) -> torch.Tensor:
     if spec.kind == "norm":
         return (1.0 + 0.1 * torch.randn(spec.shape, generator=g)).bfloat16()
     if spec.kind == "bias":
-        return 0.05 * torch.randn(spec.shape, generator=g)
+        return ROUTER_BIAS_STD * torch.randn(spec.shape, generator=g)
     # Every matrix scaled by fan_in^-0.5 keeps activations O(1) through each layer.
     return torch.randn(spec.shape, generator=g) * spec.shape[-1] ** -0.5
 
@@ -246,6 +254,10 @@ def random_tensors(raw_config: dict, seed: int = 0, ue8m0: bool = True) -> dict[
     out: dict[str, torch.Tensor] = {}
     for name, spec in expected_tensors(cfg).items():
         w = torch.randn(spec.shape, generator=g) if name == "model.embed_tokens.weight" else _random_tensor(spec, g)
+        if name.endswith(".mlp.gate.weight"):
+            w = w * ROUTER_GAIN
+        if name == "lm_head.weight":
+            w = w * LM_HEAD_GAIN
         if spec.kind == "fp8":
             data, sf = pk.per_block_cast_to_fp8(w.bfloat16(), use_ue8m0=ue8m0)
             out[name], out[scale_name(name)] = data, sf.float().contiguous()
