@@ -168,3 +168,14 @@ def test_bound_catches_a_wrong_cache_page(checkpoints, hf_prefill, prompt, monke
 
     monkeypatch.setattr(cache_mod.PagedLatentCache, "write", write_in_order)
     assert _faulty_median(model, prompt, hf_prefill) > MEDIAN_BOUND
+
+
+@pytest.mark.parametrize("kv_cache", ["bf16", "fp8"])
+def test_decode_steps_reproduce_prefill_logits(checkpoints, prompt, kv_cache):
+    """The same tokens through one prefill or through 1-token decode steps over the paged cache
+    (measured on cpu: bitwise equal)."""
+    model = load(checkpoints["q_lora"], kv_cache=kv_cache)
+    ids, lengths = prompt[:, :24], [24, 19]
+    whole = model.logits(ids, lengths=lengths)
+    stepped = model.logits(ids, lengths=lengths, prefill=1)
+    assert float(pk.calc_diff(stepped, whole)) < 1e-6
