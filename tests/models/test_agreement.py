@@ -179,3 +179,23 @@ def test_decode_steps_reproduce_prefill_logits(checkpoints, prompt, kv_cache):
     whole = model.logits(ids, lengths=lengths)
     stepped = model.logits(ids, lengths=lengths, prefill=1)
     assert float(pk.calc_diff(stepped, whole)) < 1e-6
+
+
+def test_every_decoder_layer_output_agrees_with_hf(checkpoints, references, prompt):
+    model = load(checkpoints["q_lora"])
+    ids = prompt[:1, :SEQ]
+    ours: dict[int, torch.Tensor] = {}
+    model.logits(ids, hook=lambda i, h: ours.__setitem__(i, h.clone()))
+    theirs: dict[int, torch.Tensor] = {}
+    ref = references["q_lora"]
+    handles = [layer.register_forward_hook(lambda mod, inp, out, i=i: theirs.__setitem__(
+        i, (out[0] if isinstance(out, tuple) else out)[0].float().clone()))
+        for i, layer in enumerate(ref.model.layers)]
+    try:
+        hf_logits(ref, ids)
+    finally:
+        for h in handles:
+            h.remove()
+    assert sorted(ours) == sorted(theirs) == list(range(len(ref.model.layers)))
+    diffs = [median_diff(ours[i], theirs[i]) for i in sorted(ours)]
+    assert max(diffs) < MEDIAN_BOUND, diffs
