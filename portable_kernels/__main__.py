@@ -1,4 +1,4 @@
-"""Command line: `python -m portable_kernels {demo,doctor,warmup,conformance,layouts,ep-cost,bench}` (also installed
+"""Command line: `python -m portable_kernels {generate,demo,doctor,warmup,conformance,layouts,ep-cost,bench}` (also installed
 as `portable-kernels`)."""
 
 from __future__ import annotations
@@ -135,6 +135,11 @@ def _bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from .models.deepseek.generate import run
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="portable_kernels", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -173,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_ep_cost(sub, _ep_cost)
     from .tools.bench.cli import add_parser as add_bench
     add_bench(sub, _bench)
+    from .models.deepseek.generate import add_parser as add_generate
+    add_generate(sub, _generate)
     return parser
 
 

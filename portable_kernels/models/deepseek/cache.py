@@ -1,0 +1,62 @@
+"""The paged latent KV cache: per layer [num_pages, 64, 1, 576] bf16, or FlashMLA's FP8 656-byte
+rows [num_pages, 64, 1, 656] (512 e4m3 latent values, 4 fp32 power-of-two scales, 64 bf16 RoPE).
+
+One rule: pages are handed out in a seeded random order, so no sequence's pages are contiguous
+and a kernel that ignored the block table would read the wrong tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...flash_mla import quantize_k_cache
+
+PAGE_SIZE = 64
+ENTRY_BF16 = 576
+ENTRY_FP8_BYTES = 656
+KV_CACHE_KINDS = ("bf16", "fp8")
+
+
+class PagedLatentCache:
+    """One block table for all layers; one page pool per layer."""
+
+    def __init__(self, num_layers: int, capacity: list[int], kind: str = "bf16", seed: int = 0):
+        if kind not in KV_CACHE_KINDS:
+            raise ValueError(f"kv_cache is {kind!r}; expected one of {KV_CACHE_KINDS}")
+        self.kind = kind
+        pages = [math.ceil(max(c, 1) / PAGE_SIZE) for c in capacity]
+        total = sum(pages)
+        order = torch.randperm(total, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+        width = max(pages)
+        # Unused table entries point past the pool: a kernel that read them would fail loudly.
+        self.block_table = torch.full((len(capacity), width), total + 1000, dtype=torch.int32)
+        start = 0
+        for b, n in enumerate(pages):
+            self.block_table[b, :n] = order[start:start + n]
+            start += n
+        self.seqlens = torch.zeros(len(capacity), dtype=torch.int32)
+        shape = (total, PAGE_SIZE, 1, ENTRY_BF16 if kind == "bf16" else ENTRY_FP8_BYTES)
+        dtype = torch.bfloat16 if kind == "bf16" else torch.uint8
+        self.pages = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.kind == "fp8"
+
+    def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.block_table[batch, positions // PAGE_SIZE].long(), positions % PAGE_SIZE
+
+    def write(self, layer: int, batch: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor) -> None:
+        """entries bf16 [T, 576] of tokens at (batch, position)."""
+        page, offset = self.slots(batch, positions)
+        if self.is_fp8:
+            rows = quantize_k_cache(entries.view(-1, 1, 1, ENTRY_BF16)).view(torch.uint8).view(-1, ENTRY_FP8_BYTES)
+        else:
+            rows = entries
+        self.pages[layer][page, offset, 0] = rows
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.pages)

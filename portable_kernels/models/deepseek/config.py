@@ -1,0 +1,133 @@
+"""The DeepSeek-V3 configuration this model code implements, read from a checkpoint's config.json.
+
+One rule: anything config.json asks for that the code does not implement is refused here, by name,
+with an UnsupportedConfigError — never silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .errors import UnsupportedConfigError
+
+WEIGHT_BLOCK = (128, 128)
+MLA_LATENT = 512      # the MLA kernels' latent width (FlashMLA: 576 = 512 latent + 64 RoPE)
+MLA_ROPE = 64
+
+
+@attrs.frozen
+class DeepseekV3Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    n_routed_experts: int
+    n_shared_experts: int
+    num_experts_per_tok: int
+    n_group: int
+    topk_group: int
+    routed_scaling_factor: float
+    norm_topk_prob: bool
+    first_k_dense_replace: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_interleave: bool
+    tie_word_embeddings: bool
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer >= self.first_k_dense_replace
+
+
+def _refuse(key: str, given: Any, expected: str, fix: str) -> UnsupportedConfigError:
+    return UnsupportedConfigError(f"config.json: '{key}' is {given!r}; this DeepSeek-V3 path supports "
+                                  f"{expected}. Fix: {fix}")
+
+
+def _rope(raw: dict[str, Any]) -> float:
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or {}
+    kind = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+    if kind != "default":
+        raise _refuse("rope_scaling.rope_type", kind, "only the default RoPE (no yarn scaling yet)",
+                      "use a checkpoint without rope_scaling, or extend layers.rope_tables with yarn")
+    return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+
+
+def config_from_dict(raw: dict[str, Any]) -> DeepseekV3Config:
+    """Validate config.json's dict and keep the fields the model reads."""
+    if raw.get("model_type") != "deepseek_v3":
+        raise _refuse("model_type", raw.get("model_type"), "'deepseek_v3'", "point at a DeepSeek-V3 checkpoint")
+    quant = raw.get("quantization_config")
+    if not quant or quant.get("quant_method") != "fp8":
+        raise _refuse("quantization_config.quant_method", (quant or {}).get("quant_method"), "'fp8'",
+                      "use DeepSeek's FP8 checkpoint format (e4m3 weights + weight_scale_inv)")
+    if list(quant.get("weight_block_size", [])) != list(WEIGHT_BLOCK):
+        raise _refuse("quantization_config.weight_block_size", quant.get("weight_block_size"), "[128, 128]",
+                      "re-quantize the weights with 128x128 blocks")
+    if quant.get("fmt", "e4m3") != "e4m3":
+        raise _refuse("quantization_config.fmt", quant.get("fmt"), "'e4m3'", "store weights as float8_e4m3fn")
+    checks = [
+        ("kv_lora_rank", MLA_LATENT, "512 (the MLA kernels' latent width)"),
+        ("qk_rope_head_dim", MLA_ROPE, "64 (the MLA kernels' RoPE width)"),
+        ("hidden_act", "silu", "'silu'"),
+        ("scoring_func", "sigmoid", "'sigmoid' (DeepSeek-V3's router)"),
+        ("topk_method", "noaux_tc", "'noaux_tc' (group-limited top-k with the correction bias)"),
+        ("attention_bias", False, "false"),
+    ]
+    for key, want, expected in checks:
+        if raw.get(key, want) != want:
+            raise _refuse(key, raw.get(key), expected, "use a DeepSeek-V3 config with that value")
+    rope_theta = _rope(raw)
+    cfg = DeepseekV3Config(
+        vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
+        intermediate_size=int(raw["intermediate_size"]), moe_intermediate_size=int(raw["moe_intermediate_size"]),
+        num_hidden_layers=int(raw["num_hidden_layers"]), num_attention_heads=int(raw["num_attention_heads"]),
+        q_lora_rank=None if raw.get("q_lora_rank") is None else int(raw["q_lora_rank"]),
+        kv_lora_rank=int(raw["kv_lora_rank"]), qk_nope_head_dim=int(raw["qk_nope_head_dim"]),
+        qk_rope_head_dim=int(raw["qk_rope_head_dim"]), v_head_dim=int(raw["v_head_dim"]),
+        n_routed_experts=int(raw["n_routed_experts"]), n_shared_experts=int(raw.get("n_shared_experts") or 0),
+        num_experts_per_tok=int(raw["num_experts_per_tok"]), n_group=int(raw.get("n_group") or 1),
+        topk_group=int(raw.get("topk_group") or 1),
+        routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+        first_k_dense_replace=int(raw.get("first_k_dense_replace", 0)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta,
+        rope_interleave=bool(raw.get("rope_interleave", True)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+    )
+    if raw.get("num_key_value_heads", cfg.num_attention_heads) != cfg.num_attention_heads:
+        raise _refuse("num_key_value_heads", raw.get("num_key_value_heads"), "num_attention_heads (MLA)",
+                      "set num_key_value_heads = num_attention_heads")
+    if cfg.n_routed_experts % cfg.n_group:
+        raise _refuse("n_group", cfg.n_group, f"a divisor of n_routed_experts={cfg.n_routed_experts}",
+                      "fix n_group")
+    for key in ("intermediate_size", "moe_intermediate_size"):
+        if getattr(cfg, key) % WEIGHT_BLOCK[0]:
+            raise _refuse(key, getattr(cfg, key), "a multiple of 128 (gate and up share 128-row scale blocks)",
+                          "pad the MLP width to a multiple of 128")
+    if cfg.tie_word_embeddings:
+        raise _refuse("tie_word_embeddings", True, "false (DeepSeek-V3 has its own lm_head)", "untie lm_head")
+    return cfg
+
+
+def load_config(path: str | Path) -> DeepseekV3Config:
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise UnsupportedConfigError(f"{file}: no config.json. Fix: point at a Hugging Face-style checkpoint "
+                                     "directory (config.json + *.safetensors + model.safetensors.index.json)")
+    return config_from_dict(json.loads(file.read_text()))

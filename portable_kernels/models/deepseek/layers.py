@@ -1,0 +1,161 @@
+"""DeepSeek-V3's layers on portable_kernels: FP8 block linears, the dense/shared MLP, the routed MoE
+and MLA with weight absorption.
+
+One rule: every matrix multiply with a checkpoint weight is a portable_kernels op on a weight
+prepared once at load; plain torch does only RMSNorm, RoPE, the router's small fp32 logits
+product and the per-head absorption products with kv_b_proj (see docs/models.md).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+import portable_kernels as pk
+
+from .config import DeepseekV3Config
+
+FP8_GEMM = pk.fp8_gemm_nt
+GROUPED = pk.m_grouped_fp8_gemm_nt_contiguous
+# Activations get power-of-two (UE8M0) scales: every backend's Format holds them (sm100 and the
+# Ascend 950 need them), so the model code is the same on all of them.
+ACTIVATION_UE8M0 = True
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """bf16/fp32 [T, D] -> bf16 [T, D], computed in fp32."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).bfloat16()
+
+
+def rope_tables(cfg: DeepseekV3Config, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin fp32 [T, rope_dim / 2] of the default RoPE at these absolute positions."""
+    dim = cfg.qk_rope_head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """x [T, (heads,) 64] -> fp32, rotated. Interleaved pairs (x0, x1), (x2, x3) as DeepSeek's
+    checkpoints store them, written out as [rotated evens | rotated odds] (as Hugging Face does):
+    q and k get the same permutation, so their dot products are those of the paired form."""
+    x = x.float()
+    if x.dim() == 3:
+        cos, sin = cos[:, None, :], sin[:, None, :]
+    if interleave:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+    else:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+@attrs.frozen
+class Fp8Linear:
+    """y = x · Wᵀ with W a 128x128-block FP8 weight prepared once for the backend."""
+
+    weight: pk.PreparedTensor
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """bf16 [T, K] -> bf16 [T, N]."""
+        a = pk.per_token_cast_to_fp8(x.bfloat16().contiguous(), use_ue8m0=ACTIVATION_UE8M0, prepare_for=FP8_GEMM)
+        d = torch.empty(x.shape[0], self.out_features, dtype=torch.bfloat16, device=x.device)
+        FP8_GEMM(a, self.weight, d)
+        return d
+
+
+@attrs.frozen
+class Mlp:
+    """SwiGLU MLP (dense layers and shared experts): gate and up as one FP8 GEMM, the SwiGLU and
+    its FP8 cast in one op straight into the down projection's Format."""
+
+    gate_up: Fp8Linear
+    down: Fp8Linear
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.gate_up(x)
+        act = pk.swiglu_forward_and_per_token_cast(h, round_sf=ACTIVATION_UE8M0, prepare_for=FP8_GEMM)
+        d = torch.empty(x.shape[0], self.down.out_features, dtype=torch.bfloat16, device=x.device)
+        FP8_GEMM(act, self.down.weight, d)
+        return d
+
+
+@attrs.frozen
+class Moe:
+    """Routed experts (+ shared experts). Router: `top2_sum_gate`, DeepSeek-V3's group-limited
+    sigmoid gate with the correction bias for selection only (tests/models checks it against
+    Hugging Face's router). Experts: expand -> grouped FP8 GEMM (w13) -> SwiGLU + cast -> grouped
+    FP8 GEMM (w2) -> weighted reduce."""
+
+    cfg: DeepseekV3Config
+    router: torch.Tensor        # fp32 [E, H]
+    bias: torch.Tensor          # fp32 [E]
+    w13: pk.PreparedTensor      # [E, 2I, H]: each expert's gate rows, then its up rows
+    w2: pk.PreparedTensor       # [E, H, I]
+    shared: Mlp | None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        logits = x.float() @ self.router.T
+        return pk.top2_sum_gate(logits, self.bias, cfg.num_experts_per_tok, cfg.topk_group, cfg.n_group,
+                                routed_scaling_factor=cfg.routed_scaling_factor, normalize=cfg.norm_topk_prob)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        topk_idx, topk_weights = self.route(x)
+        mapping = pk.get_fused_mapping(topk_idx, cfg.n_routed_experts)
+        rows = pk.expand_to_fused(x, mapping)
+        a = pk.per_token_cast_to_fp8(rows, use_ue8m0=ACTIVATION_UE8M0, prepare_for=GROUPED)
+        h13 = torch.empty(rows.shape[0], 2 * cfg.moe_intermediate_size, dtype=torch.bfloat16, device=x.device)
+        GROUPED(a, self.w13, h13, mapping.pos_to_expert)
+        act = pk.swiglu_forward_and_per_token_cast(h13, round_sf=ACTIVATION_UE8M0,
+                                                   pos_to_expert=mapping.pos_to_expert, prepare_for=GROUPED)
+        y = torch.empty(rows.shape[0], cfg.hidden_size, dtype=torch.bfloat16, device=x.device)
+        GROUPED(act, self.w2, y, mapping.pos_to_expert)
+        out = pk.reduce_fused(y, topk_weights, mapping).float()
+        if self.shared is not None:
+            out = out + self.shared(x).float()
+        return out
+
+
+@attrs.frozen
+class Mla:
+    """Multi-head latent attention with weight absorption: the cache holds per token the normed
+    512-wide latent and the 64-wide rotated key (576 channels, one KV head); each query head is
+    mapped into latent space by W_UK, attention runs over the latent cache, and W_UV maps the
+    512-wide result back per head before o_proj."""
+
+    cfg: DeepseekV3Config
+    q_a: Fp8Linear | None
+    q_a_norm: torch.Tensor | None
+    q_b: Fp8Linear             # q_b_proj, or q_proj when q_lora_rank is None
+    kv_a: Fp8Linear
+    kv_a_norm: torch.Tensor
+    w_uk: torch.Tensor         # fp32 [heads, qk_nope, 512]
+    w_uv: torch.Tensor         # fp32 [heads, v_head, 512]
+    o_proj: Fp8Linear
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.cfg.qk_head_dim ** -0.5
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x bf16 [T, H] -> (q bf16 [T, heads, 576], cache entries bf16 [T, 576])."""
+        cfg = self.cfg
+        hq = x if self.q_a is None else rms_norm(self.q_a(x), self.q_a_norm, cfg.rms_norm_eps)
+        q = self.q_b(hq).view(x.shape[0], cfg.num_attention_heads, cfg.qk_head_dim)
+        q_nope, q_rope = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
+        q_latent = torch.einsum("thd,hdc->thc", q_nope.float(), self.w_uk)
+        q_rope = apply_rope(q_rope, cos, sin, cfg.rope_interleave)
+        kv = self.kv_a(x)
+        latent, k_rope = kv.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        entry = torch.cat([rms_norm(latent, self.kv_a_norm, cfg.rms_norm_eps).float(),
+                           apply_rope(k_rope, cos, sin, cfg.rope_interleave)], dim=-1)
+        return torch.cat([q_latent, q_rope], dim=-1).bfloat16(), entry.bfloat16()
+
+    def output(self, o: torch.Tensor) -> torch.Tensor:
+        """o bf16 [T, heads, 512] (attention over the latent cache) -> bf16 [T, H]."""
+        v = torch.einsum("thc,hvc->thv", o.float(), self.w_uv)
+        return self.o_proj(v.reshape(o.shape[0], -1).bfloat16())

@@ -1,0 +1,310 @@
+"""DeepSeek-V3 inference on portable_kernels: `load` a checkpoint directory into a backend's
+Formats once, then `logits` (prefill, or prefill + teacher-forced decode) and greedy `generate`.
+
+One rule: the whole forward runs inside `use_backend(<the backend the weights were prepared
+for>)`, and nothing on the hot path converts a weight (`pk.implicit_conversions()` stays 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+import torch
+
+import portable_kernels as pk
+
+from .cache import KV_CACHE_KINDS, PagedLatentCache
+from .checkpoint import expected_tensors, index_checkpoint, read_shards, scale_name
+from .config import DeepseekV3Config, load_config
+from .errors import ScaleFormatError, UnsupportedConfigError
+from .layers import FP8_GEMM, GROUPED, Fp8Linear, Mla, Mlp, Moe, rms_norm, rope_tables
+
+log = logging.getLogger(__name__)
+
+
+def parse_backend(spec: str) -> tuple[str, dict[str, str]]:
+    """'ascend:soc=950' -> ('ascend', {'soc': '950'})."""
+    name, _, rest = spec.partition(":")
+    opts = dict(kv.split("=", 1) for kv in rest.split(",") if kv) if rest else {}
+    return name, opts
+
+
+@attrs.frozen
+class Layer:
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    attn: Mla
+    mlp: Mlp | Moe
+
+
+@attrs.define
+class LoadReport:
+    seconds: float = 0.0
+    checkpoint_bytes: int = 0
+    weight_bytes: dict[str, int] = attrs.Factory(dict)   # Format name -> bytes of prepared weights
+
+
+class _Weights:
+    """Turns checkpoint tensors into prepared weights, counting bytes per Format."""
+
+    def __init__(self, requantize_to_ue8m0: bool, report: LoadReport):
+        self.requantize = requantize_to_ue8m0
+        self.report = report
+
+    def _count(self, name: str, nbytes: int) -> None:
+        self.report.weight_bytes[name] = self.report.weight_bytes.get(name, 0) + nbytes
+
+    def plain(self, t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        out = t.to(dtype)
+        self._count(f"plain-{str(dtype).removeprefix('torch.')}", out.numel() * out.element_size())
+        return out
+
+    def quant(self, names: list[str], raw: dict[str, torch.Tensor]) -> pk.QuantTensor:
+        """One QuantTensor from one or more checkpoint weights stacked along N (names share K);
+        several names with a leading group axis when `names` is a list of lists is not used."""
+        data = torch.cat([raw[n] for n in names], dim=0)
+        scale = torch.cat([raw[scale_name(n)] for n in names], dim=0)
+        return self._quant(data, scale, names[0])
+
+    def _quant(self, data: torch.Tensor, scale: torch.Tensor, name: str) -> pk.QuantTensor:
+        pow2 = bool(torch.all((scale.view(torch.int32) & 0x807FFFFF) == 0))
+        q = pk.QuantTensor(data, scale, granularity=(128, 128), ue8m0=pow2)
+        if pow2 or not self.requantize:
+            return q
+        return pk.per_block_cast_to_fp8(pk.dequantize(q).bfloat16(), use_ue8m0=True)
+
+    def prepare(self, op: Callable[..., Any], q: pk.QuantTensor, name: str) -> pk.PreparedTensor:
+        try:
+            out = pk.prepare_inputs(op, b=q)["b"]
+        except pk.LayoutError as e:
+            raise ScaleFormatError(
+                f"{name}: weight_scale_inv holds scales that are not powers of two, but this backend's Format "
+                f"stores UE8M0 exponents ({e}). Fix: load(..., requantize_to_ue8m0=True) (CLI: "
+                "--requantize-ue8m0) re-quantizes such weights with power-of-two scales, which changes them "
+                "by at most one FP8 rounding step; or pick a backend whose Format keeps fp32 scales "
+                "(cpu, nvidia:arch=sm90)") from e
+        self._count(out.format.name, out.data.numel() * out.data.element_size()
+                    + out.scale.numel() * out.scale.element_size())
+        return out
+
+    def linear(self, names: list[str], raw: dict[str, torch.Tensor]) -> Fp8Linear:
+        q = self.quant(names, raw)
+        return Fp8Linear(self.prepare(FP8_GEMM, q, names[0]), q.data.shape[0])
+
+    def grouped(self, per_expert: list[list[str]], raw: dict[str, torch.Tensor]) -> pk.PreparedTensor:
+        qs = [self.quant(names, raw) for names in per_expert]
+        data = torch.stack([q.data for q in qs])
+        scale = torch.stack([q.scale for q in qs])
+        q = pk.QuantTensor(data, scale, granularity=(128, 128), ue8m0=all(x.ue8m0 for x in qs))
+        return self.prepare(GROUPED, q, per_expert[0][0])
+
+
+def _build_layer(cfg: DeepseekV3Config, i: int, raw: dict[str, torch.Tensor], w: _Weights) -> Layer:
+    p, a, m = f"model.layers.{i}", f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+    heads = cfg.num_attention_heads
+    if cfg.q_lora_rank is None:
+        q_a, q_a_norm, q_b = None, None, w.linear([f"{a}.q_proj.weight"], raw)
+    else:
+        q_a = w.linear([f"{a}.q_a_proj.weight"], raw)
+        q_a_norm = w.plain(raw[f"{a}.q_a_layernorm.weight"])
+        q_b = w.linear([f"{a}.q_b_proj.weight"], raw)
+    kv_b = pk.dequantize(w.quant([f"{a}.kv_b_proj.weight"], raw)).float()
+    kv_b = w.plain(kv_b.view(heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank))
+    attn = Mla(cfg, q_a, q_a_norm, q_b, w.linear([f"{a}.kv_a_proj_with_mqa.weight"], raw),
+               w.plain(raw[f"{a}.kv_a_layernorm.weight"]),
+               kv_b[:, :cfg.qk_nope_head_dim].contiguous(), kv_b[:, cfg.qk_nope_head_dim:].contiguous(),
+               w.linear([f"{a}.o_proj.weight"], raw))
+
+    def mlp(prefix: str) -> Mlp:
+        return Mlp(w.linear([f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"], raw),
+                   w.linear([f"{prefix}.down_proj.weight"], raw))
+
+    if not cfg.is_moe_layer(i):
+        ffn: Mlp | Moe = mlp(m)
+    else:
+        experts = range(cfg.n_routed_experts)
+        w13 = w.grouped([[f"{m}.experts.{e}.gate_proj.weight", f"{m}.experts.{e}.up_proj.weight"] for e in experts],
+                        raw)
+        w2 = w.grouped([[f"{m}.experts.{e}.down_proj.weight"] for e in experts], raw)
+        ffn = Moe(cfg, w.plain(raw[f"{m}.gate.weight"]), w.plain(raw[f"{m}.gate.e_score_correction_bias"]),
+                  w13, w2, mlp(f"{m}.shared_experts") if cfg.n_shared_experts else None)
+    return Layer(w.plain(raw[f"{p}.input_layernorm.weight"]), w.plain(raw[f"{p}.post_attention_layernorm.weight"]),
+                 attn, ffn)
+
+
+def _owner(name: str) -> int | None:
+    """The decoder layer a tensor belongs to (None: embedding, final norm, lm_head)."""
+    if name.startswith("model.layers."):
+        return int(name.split(".")[2])
+    return None
+
+
+class DeepseekV3:
+    """A loaded model: `logits(input_ids)` and `generate(input_ids, max_new_tokens)`."""
+
+    def __init__(self, cfg: DeepseekV3Config, embed: torch.Tensor, layers: list[Layer], norm: torch.Tensor,
+                 lm_head: torch.Tensor, backend: str, options: dict[str, str], kv_cache: str, report: LoadReport):
+        self.config, self.embed, self.layers, self.norm, self.lm_head = cfg, embed, layers, norm, lm_head
+        self.backend, self.options, self.kv_cache, self.load_report = backend, options, kv_cache, report
+        self.last_timings: dict[str, Any] = {}
+        self.cache_seed = 0
+
+    @property
+    def backend_label(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in self.options.items())
+        return self.backend + (f"[{opts}]" if opts else "")
+
+    # -- the forward pass over one batch step --------------------------------------------------
+
+    def _step(self, cache: PagedLatentCache, tokens: list[torch.Tensor], hook: Callable | None = None
+              ) -> torch.Tensor:
+        """Feed `tokens[b]` (new token ids of sequence b, possibly none) after what the cache holds;
+        return final hidden states bf16 [sum n_b, H] in (sequence, position) order."""
+        cfg = self.config
+        counts = [int(t.numel()) for t in tokens]
+        s_q = max(counts)
+        starts = cache.seqlens.clone()
+        batch = torch.cat([torch.full((n,), b, dtype=torch.long) for b, n in enumerate(counts)])
+        positions = torch.cat([starts[b].long() + torch.arange(n) for b, n in enumerate(counts)])
+        # Queries sit left-padded in [B, s_q]: with FlashMLA's bottom-right causal mask, query t of a
+        # sequence with n new tokens then sees exactly the keys up to its own position.
+        slot = torch.cat([b * s_q + (s_q - n) + torch.arange(n) for b, n in enumerate(counts)])
+        cache.seqlens += torch.tensor(counts, dtype=torch.int32)
+        meta, splits = pk.get_mla_metadata(cache.seqlens, s_q * cfg.num_attention_heads, 1,
+                                           is_fp8_kvcache=cache.is_fp8)
+        cos, sin = rope_tables(cfg, positions)
+        h = self.embed[torch.cat(tokens)].float()
+        for i, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.attn_norm, cfg.rms_norm_eps)
+            q, entry = layer.attn.project(x, cos, sin)
+            cache.write(i, batch, positions, entry)
+            q_pad = torch.zeros(len(counts) * s_q, cfg.num_attention_heads, q.shape[-1], dtype=torch.bfloat16)
+            q_pad[slot] = q
+            k_cache = cache.pages[i]
+            o, _ = pk.flash_mla_with_kvcache(q_pad.view(len(counts), s_q, cfg.num_attention_heads, -1), k_cache,
+                                             cache.block_table, cache.seqlens, cfg.kv_lora_rank, meta, splits,
+                                             softmax_scale=layer.attn.softmax_scale, causal=True,
+                                             is_fp8_kvcache=cache.is_fp8)
+            h = h + layer.attn.output(o.reshape(len(counts) * s_q, cfg.num_attention_heads, -1)[slot]).float()
+            h = h + layer.mlp(rms_norm(h, layer.mlp_norm, cfg.rms_norm_eps)).float()
+            if hook is not None:
+                hook(i, h)
+        return rms_norm(h, self.norm, cfg.rms_norm_eps)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        d = torch.empty(x.shape[0], self.config.vocab_size, dtype=torch.float32)
+        pk.bf16_gemm_nt(x, self.lm_head, d)
+        return d
+
+    def _cache(self, lengths: list[int], extra: int) -> PagedLatentCache:
+        return PagedLatentCache(len(self.layers), [n + extra for n in lengths], self.kv_cache, self.cache_seed)
+
+    @staticmethod
+    def _lengths(input_ids: torch.Tensor, lengths: torch.Tensor | list[int] | None) -> list[int]:
+        if input_ids.dim() != 2 or input_ids.dtype != torch.long:
+            raise pk.ContractError(f"input_ids is {input_ids.dtype} {list(input_ids.shape)}; expected a [batch, seq] "
+                                   "LongTensor. Fix: pass torch.tensor(ids, dtype=torch.long).view(batch, -1)")
+        if lengths is None:
+            return [input_ids.shape[1]] * input_ids.shape[0]
+        out = [int(n) for n in lengths]
+        if len(out) != input_ids.shape[0] or min(out) < 1 or max(out) > input_ids.shape[1]:
+            raise pk.ContractError(f"lengths {out} do not fit input_ids {list(input_ids.shape)}; expected one length "
+                                   "per row in 1..seq (rows right-padded). Fix: pass each row's prompt length")
+        return out
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def logits(self, input_ids: torch.Tensor, lengths: torch.Tensor | list[int] | None = None,
+               prefill: int | None = None, hook: Callable | None = None) -> torch.Tensor:
+        """fp32 [batch, seq, vocab] logits of every position (rows right-padded to `lengths`; padded
+        positions are 0). `prefill=p`: run the first p tokens as one prefill, then feed the rest one
+        decode step at a time (teacher forcing). `hook(layer, hidden fp32 [T, H])` sees each layer's output."""
+        lens = self._lengths(input_ids, lengths)
+        out = torch.zeros(*input_ids.shape, self.config.vocab_size)
+        cache = self._cache(lens, 0)
+        first = [n if prefill is None else min(prefill, n) for n in lens]
+        with pk.use_backend(self.backend, **self.options):
+            x = self._step(cache, [input_ids[b, :n] for b, n in enumerate(first)], hook)
+            rows = torch.cat([torch.arange(n) + b * input_ids.shape[1] for b, n in enumerate(first)])
+            out.view(-1, out.shape[-1])[rows] = self._head(x)
+            for t in range(min(first), max(lens)):
+                feed = [input_ids[b, t:t + 1] if first[b] <= t < lens[b] else input_ids[b, :0]
+                        for b in range(len(lens))]
+                if not any(f.numel() for f in feed):
+                    continue
+                x = self._step(cache, feed, hook)
+                fed = [b for b, f in enumerate(feed) if f.numel()]
+                out[fed, t] = self._head(x)
+        return out
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int,
+                 lengths: torch.Tensor | list[int] | None = None) -> torch.Tensor:
+        """Greedy decoding: LongTensor [batch, max_new_tokens] of new token ids after each row's prompt
+        (rows right-padded to `lengths`). Timings of the call land in `last_timings`."""
+        lens = self._lengths(input_ids, lengths)
+        cache = self._cache(lens, max_new_tokens)
+        new = torch.zeros(input_ids.shape[0], max_new_tokens, dtype=torch.long)
+        steps: list[float] = []
+        with pk.use_backend(self.backend, **self.options):
+            t0 = time.perf_counter()
+            x = self._step(cache, [input_ids[b, :n] for b, n in enumerate(lens)])
+            last = torch.tensor(lens).cumsum(0) - 1
+            token = self._head(x[last]).argmax(-1)
+            prefill = time.perf_counter() - t0
+            for s in range(max_new_tokens):
+                new[:, s] = token
+                if s + 1 == max_new_tokens:
+                    break
+                t0 = time.perf_counter()
+                token = self._head(self._step(cache, [token[b:b + 1] for b in range(len(lens))])).argmax(-1)
+                steps.append(time.perf_counter() - t0)
+        self.last_timings = {"prefill_s": prefill, "prefill_tokens": sum(lens), "decode_step_s": steps,
+                             "batch": len(lens)}
+        return new
+
+
+def load(path: str | Path, backend: str = "cpu", kv_cache: str = "bf16", *, options: dict[str, Any] | None = None,
+         requantize_to_ue8m0: bool = False, progress: Callable[[int, int], None] | None = None) -> DeepseekV3:
+    """Read a DeepSeek-V3 FP8 checkpoint directory shard by shard, prepare every weight once for
+    `backend` ('cpu', 'nvidia:arch=sm90', 'ascend:soc=950', ...; on CPU tensors a non-cpu backend
+    runs in emulation), and return the model. `kv_cache`: 'bf16' or 'fp8' (FlashMLA's 656-byte rows)."""
+    if kv_cache not in KV_CACHE_KINDS:
+        raise UnsupportedConfigError(f"kv_cache is {kv_cache!r}; expected one of {KV_CACHE_KINDS}. "
+                                     "Fix: pass kv_cache='bf16' or 'fp8'")
+    name, opts = parse_backend(backend)
+    opts.update(options or {})
+    t0 = time.perf_counter()
+    cfg = load_config(path)
+    specs = expected_tensors(cfg)
+    files = index_checkpoint(path, cfg)
+    report = LoadReport(checkpoint_bytes=files.nbytes)
+    weights = _Weights(requantize_to_ue8m0, report)
+    needed: dict[int | None, int] = defaultdict(int)
+    for n, spec in specs.items():
+        needed[_owner(n)] += 2 if spec.kind == "fp8" else 1
+    raw: dict[int | None, dict[str, torch.Tensor]] = defaultdict(dict)
+    layers: dict[int, Layer] = {}
+    total, seen = sum(needed.values()), 0
+    with pk.use_backend(name, **opts):
+        for tensor_name, tensor in read_shards(files, specs):
+            owner = _owner(tensor_name)
+            raw[owner][tensor_name] = tensor
+            seen += 1
+            if progress is not None:
+                progress(seen, total)
+            if owner is not None and len(raw[owner]) == needed[owner]:
+                layers[owner] = _build_layer(cfg, owner, raw.pop(owner), weights)
+        top = raw.pop(None)
+        embed = weights.plain(top["model.embed_tokens.weight"], torch.bfloat16)
+        norm = weights.plain(top["model.norm.weight"])
+        lm_head = weights.plain(top["lm_head.weight"], torch.bfloat16)
+    report.seconds = time.perf_counter() - t0
+    return DeepseekV3(cfg, embed, [layers[i] for i in range(cfg.num_hidden_layers)], norm, lm_head, name, opts,
+                      kv_cache, report)

@@ -1,0 +1,74 @@
+"""Hugging Face transformers' eager DeepseekV3ForCausalLM on a checkpoint's DEQUANTIZED weights:
+the independent reference of the tests and of `generate`'s agreement line (needs transformers).
+
+One rule: nothing of our model code is used here; only the checkpoint reader and the library's
+`dequantize` (weight = e4m3 value x its block's weight_scale_inv).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+import portable_kernels as pk
+
+from .checkpoint import SCALE_SUFFIX, expected_tensors, index_checkpoint, read_shards
+from .config import config_from_dict
+
+
+def dequantized_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """fp32 tensors of the checkpoint under their DeepSeek names (scales folded in)."""
+    raw = json.loads((Path(path) / "config.json").read_text())
+    cfg = config_from_dict(raw)
+    specs = expected_tensors(cfg)
+    tensors = dict(read_shards(index_checkpoint(path, cfg), specs))
+    out = {}
+    for name, spec in specs.items():
+        t = tensors[name]
+        if spec.kind == "fp8":
+            t = pk.dequantize(pk.QuantTensor(t, tensors[name + SCALE_SUFFIX], granularity=(128, 128)))
+        out[name] = t.float()
+    return out
+
+
+def hf_model(path: str | Path, dtype: torch.dtype = torch.float32):
+    """DeepseekV3ForCausalLM (eager attention) holding the checkpoint's dequantized weights."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    raw = json.loads((Path(path) / "config.json").read_text())
+    kwargs = {k: v for k, v in raw.items() if k not in ("quantization_config", "architectures", "torch_dtype")}
+    config = DeepseekV3Config(**kwargs)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = DeepseekV3ForCausalLM(config).to(dtype).eval()
+    state = dequantized_state(path)
+    cfg = config_from_dict(raw)
+    mapped: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if ".mlp.experts." in name:
+            continue
+        mapped[name] = t
+    for i in range(cfg.num_hidden_layers):
+        if not cfg.is_moe_layer(i):
+            continue
+        m = f"model.layers.{i}.mlp.experts"
+        experts = range(cfg.n_routed_experts)
+        mapped[f"{m}.gate_up_proj"] = torch.stack(
+            [torch.cat([state[f"{m}.{e}.gate_proj.weight"], state[f"{m}.{e}.up_proj.weight"]]) for e in experts])
+        mapped[f"{m}.down_proj"] = torch.stack([state[f"{m}.{e}.down_proj.weight"] for e in experts])
+    own = model.state_dict()
+    missing = sorted(set(own) - set(mapped))
+    extra = sorted(set(mapped) - set(own))
+    if missing or extra:
+        raise RuntimeError(f"HF reference: names do not map (missing {missing[:3]}, extra {extra[:3]}); "
+                           "transformers' DeepseekV3 parameter names changed")
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in mapped.items()}, strict=True)
+    return model
+
+
+@torch.inference_mode()
+def hf_logits(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """fp32 [batch, seq, vocab] of one unpadded batch."""
+    return model(input_ids=input_ids).logits.float()
