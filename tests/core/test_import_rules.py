@@ -71,6 +71,28 @@ def test_semantic_layer_imports_no_backend():
     assert _violations("portable_kernels", allowed) == []
 
 
+#: what each part of the semantic layer may not import: the machinery names no op family, tool or
+#: drop-in; an op family names no tool, drop-in or model path (they are built on the ops, not below them)
+LAYER_RULES = {
+    "portable_kernels/core": ("portable_kernels.ops", "portable_kernels.tools", "portable_kernels.models",
+                              "portable_kernels.torch_ops", "portable_kernels.deep_gemm", "portable_kernels.flash_mla",
+                              "portable_kernels.tile_kernels", "portable_kernels.deep_select",
+                              "portable_kernels.deep_ep"),
+    "portable_kernels/ops": ("portable_kernels.tools", "portable_kernels.models", "portable_kernels.torch_ops",
+                             "portable_kernels.deep_gemm", "portable_kernels.flash_mla", "portable_kernels.tile_kernels",
+                             "portable_kernels.deep_select", "portable_kernels.deep_ep"),
+}
+
+
+@pytest.mark.parametrize("folder", sorted(LAYER_RULES))
+def test_the_machinery_and_the_ops_do_not_reach_up(folder):
+    banned = LAYER_RULES[folder]
+
+    def allowed(path, name):
+        return not any(name == b or name.startswith(b + ".") for b in banned)
+    assert _violations(folder, allowed) == []
+
+
 def test_layouts_import_torch_and_stdlib_only():
     def allowed(path, name):
         return _top(name) in STDLIB | {"torch"} or name.startswith("portable_kernels.layouts")
