@@ -38,15 +38,14 @@ LIB = Library(NAMESPACE, "DEF")
 OPERAND_FIELDS = (("Tensor", "data"), ("Tensor", "scale"), ("str", "format"), ("str", "backend"),
                   ("str[]", "params"), ("SymInt[]", "shape"), ("int[]", "granularity"),
                   ("int[]", "storage_granularity"), ("bool", "ue8m0"), ("str", "element"))
-OPERAND_ARITY = len(OPERAND_FIELDS)
-
-#: name -> schema of every op defined here (for docs and tests)
-SCHEMAS: dict[str, str] = {}
-
 
 def operand_schema(arg: str) -> str:
     """The schema fragment of quantized argument `arg`, e.g. 'Tensor a_data, Tensor a_scale, ...'."""
     return ", ".join(f"{kind} {arg}_{field}" for kind, field in OPERAND_FIELDS)
+
+
+#: name -> schema of every op defined here (for docs and tests)
+SCHEMAS: dict[str, str] = {}
 
 
 def define(schema: str, impl: Callable[..., Any], fake: Callable[..., Any]) -> None:
@@ -156,12 +155,6 @@ def rebuild_operand(op_name: str, arg: str, data: torch.Tensor, scale: torch.Ten
     return value
 
 
-def operands(op_name: str, names: tuple[str, ...], args: tuple) -> list[Any]:
-    """Rebuild the quantized arguments `names` from the head of an implementation's arguments."""
-    return [rebuild_operand(op_name, name, *args[i * OPERAND_ARITY:(i + 1) * OPERAND_ARITY])
-            for i, name in enumerate(names)]
-
-
 def _root(t: torch.Tensor) -> torch.Tensor:
     base = t._base
     return t if base is None else base
@@ -192,11 +185,6 @@ def frozen_new(cls: type, **fields: Any) -> Any:
     for name, value in fields.items():
         object.__setattr__(obj, name, value)
     return obj
-
-
-def optional_list(value: Any) -> list[int] | None:
-    """A recipe-like tuple as the schema's int[]? (None stays None)."""
-    return None if value is None else list(value)
 
 
 # -- fakes a provider declares ----------------------------------------------------------------------
