@@ -61,7 +61,11 @@ class Fp8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """bf16 [T, K] -> bf16 [T, N]."""
         a = pk.per_token_cast_to_fp8(x.bfloat16().contiguous(), use_ue8m0=ACTIVATION_UE8M0, prepare_for=FP8_GEMM)
-        d = torch.empty(x.shape[0], self.out_features, dtype=torch.bfloat16, device=x.device)
+        return self.on_quantized(a, x.shape[0], x.device)
+
+    def on_quantized(self, a: pk.PreparedTensor, rows: int, device: torch.device) -> torch.Tensor:
+        """The GEMM alone, on an activation already quantized into the weight's Format -> bf16 [rows, N]."""
+        d = torch.empty(rows, self.out_features, dtype=torch.bfloat16, device=device)
         FP8_GEMM(a, self.weight, d)
         return d
 
@@ -77,9 +81,7 @@ class Mlp:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         h = self.gate_up(x)
         act = pk.swiglu_forward_and_per_token_cast(h, round_sf=ACTIVATION_UE8M0, prepare_for=FP8_GEMM)
-        d = torch.empty(x.shape[0], self.down.out_features, dtype=torch.bfloat16, device=x.device)
-        FP8_GEMM(act, self.down.weight, d)
-        return d
+        return self.down.on_quantized(act, x.shape[0], x.device)
 
 
 @attrs.frozen

@@ -17,6 +17,7 @@ import attrs
 import torch
 
 import portable_kernels as pk
+from portable_kernels.layouts import is_power_of_two
 
 from .cache import KV_CACHE_KINDS, PagedLatentCache
 from .checkpoint import expected_tensors, index_checkpoint, read_shards, scale_name
@@ -65,14 +66,13 @@ class _Weights:
         return out
 
     def quant(self, names: list[str], raw: dict[str, torch.Tensor]) -> pk.QuantTensor:
-        """One QuantTensor from one or more checkpoint weights stacked along N (names share K);
-        several names with a leading group axis when `names` is a list of lists is not used."""
+        """One QuantTensor from one or more checkpoint weights stacked along N (names share K)."""
         data = torch.cat([raw[n] for n in names], dim=0)
         scale = torch.cat([raw[scale_name(n)] for n in names], dim=0)
         return self._quant(data, scale, names[0])
 
     def _quant(self, data: torch.Tensor, scale: torch.Tensor, name: str) -> pk.QuantTensor:
-        pow2 = bool(torch.all((scale.view(torch.int32) & 0x807FFFFF) == 0))
+        pow2 = is_power_of_two(scale)
         q = pk.QuantTensor(data, scale, granularity=(128, 128), ue8m0=pow2)
         if pow2 or not self.requantize:
             return q
@@ -178,12 +178,14 @@ class DeepseekV3:
         meta, splits = pk.get_mla_metadata(cache.seqlens, s_q * cfg.num_attention_heads, 1,
                                            is_fp8_kvcache=cache.is_fp8)
         cos, sin = rope_tables(cfg, positions)
+        # one padded query buffer for every layer: each writes the same rows, the padding stays zero
+        q_pad = torch.zeros(len(counts) * s_q, cfg.num_attention_heads, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+                            dtype=torch.bfloat16)
         h = self.embed[torch.cat(tokens)].float()
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.attn_norm, cfg.rms_norm_eps)
             q, entry = layer.attn.project(x, cos, sin)
             cache.write(i, batch, positions, entry)
-            q_pad = torch.zeros(len(counts) * s_q, cfg.num_attention_heads, q.shape[-1], dtype=torch.bfloat16)
             q_pad[slot] = q
             k_cache = cache.pages[i]
             o, _ = pk.flash_mla_with_kvcache(q_pad.view(len(counts), s_q, cfg.num_attention_heads, -1), k_cache,
