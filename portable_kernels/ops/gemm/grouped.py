@@ -10,7 +10,7 @@ Padding rows: providers never write them. The contiguous ops then zero them (m_i
 gaps and every row from psum[-1] on) with one device op when `ensure_zero_padding=True` (the
 default, as DeepGEMM), or leave them as d held with False; rows >= masked_m[g] of the masked form
 are always left as they were. The segment alignment is the backend's, or the process-wide value of
-`set_mk_alignment_for_contiguous_layout` (see contiguous_layout). Data-dependent checks (the values
+`set_mk_alignment_for_contiguous_layout` (see core/alignment.py). Data-dependent checks (the values
 of m_indices, psum and masked_m) run when those tensors live on the CPU; on an accelerator they are
 skipped, because reading them would synchronize the device, and a wrong layout there gives
 unspecified rows.

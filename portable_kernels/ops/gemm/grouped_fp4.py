@@ -3,7 +3,7 @@
 `m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, m_indices, recipe=None, recipe_a=None, recipe_b=None,
 *, use_psum_layout=False, expected_m_for_psum_layout=None, ensure_zero_padding=True)` and
 `m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, recipe_a=None,
-recipe_b=None)`: the grouped GEMMs of grouped_gemm.py with b = per_token_cast_to_fp4 of each
+recipe_b=None)`: the grouped GEMMs of grouped.py with b = per_token_cast_to_fp4 of each
 expert's weight (packed [G, N, K/2], scales per (1, 32) or (1, 128)). Same layouts, same padding
 and alignment rules; the reference kernels are the grouped ones (they dequantize either element).
 """

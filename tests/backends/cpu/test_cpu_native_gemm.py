@@ -1,4 +1,4 @@
-"""The cpu backend's native GEMMs (backends/cpu/native/gemm.*): both engines against the
+"""The cpu backend's native GEMMs (backends/cpu/providers/gemm.py, kernels/gemm.cpp): both engines against the
 dequantized reference on odd shapes, exact element conversions, untouched padding rows, argument
 checks before any C++ runs, and the providers the registry picks."""
 

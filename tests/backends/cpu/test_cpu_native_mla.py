@@ -1,4 +1,4 @@
-"""The cpu backend's native MLA decode (backends/cpu/native/mla.*): its split plan, results that do not
+"""The cpu backend's native MLA decode (backends/cpu/providers/mla.py, kernels/mla.cpp): its split plan, results that do not
 depend on how the keys are split, a plan reused after sequences grew, and the contract's refusals
 before any cache byte is read."""
 

@@ -1,4 +1,4 @@
-"""The cpu backend's native MoE routing (backends/cpu/native/routing.*): the gate picks exactly the
+"""The cpu backend's native MoE routing (backends/cpu/providers/routing.py, kernels/routing.cpp): the gate picks exactly the
 reference's experts (groups, bias, ties, mask), expand copies bit for bit and zeroes the rest (scales
 with any strides), reduce sums in fp32 like the reference (bf16, fp32 and fp8 outputs)."""
 

@@ -1,4 +1,4 @@
-"""The cpu backend's native top-k and quantizers (backends/cpu/native/topk.*, casts.*): top-k by
+"""The cpu backend's native top-k and quantizers (backends/cpu/providers/{topk,casts}.py, kernels/{topk,casts}.cpp): top-k by
 properties on odd shapes, ties, lengths and fills; quantizers against the references (codes,
 scales, NaN propagation), SwiGLU's padding rows and clamp counts; bad arguments refused."""
 
