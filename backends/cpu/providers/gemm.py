@@ -363,6 +363,31 @@ PRIORITY = 10
 DOC = "C++ (deepjit): AMX bf16 tiles with per-block fp32 promotion, or fp32 FMA for a few rows"
 
 
+#: torch's bf16 matmul against the native engine, bf16 d, N=2048 K=7168, 1 thread, paired, medians
+#: of 5 (benchmarks/cpu_provider_order.py; docs/cpu-backend.md "Provider order per ISA", 2026-12-02, Intel Xeon):
+#: with bf16 hardware (AMX) torch-blas is 1.09x native at M=128 and native wins at M=1
+#: (1.55x); restricted to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, PK_NATIVE_ISA=avx2) native is 3.0x torch-blas
+#: at M=16 and 3.1x at M=128 (0.80x at M=1). So torch-blas goes first only where the CPU has bf16
+#: matrix hardware that oneDNN may use.
+BLAS_FIRST_WITH = frozenset({"amx", "avx512bf16"})
+#: ONEDNN_MAX_CPU_ISA values that keep oneDNN off the bf16 hardware
+ONEDNN_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def torch_bf16_has_hardware() -> bool:
+    """Whether torch's bf16 matmul here runs on bf16 matrix hardware (AMX or AVX-512-BF16)."""
+    import os
+    from portable_kernels.core.native.build import detected_isa
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ONEDNN_WITHOUT_BF16:
+        return False
+    return bool(detected_isa()[1] & BLAS_FIRST_WITH)
+
+
+def blas_priority() -> int:
+    """torch-blas above native where torch has bf16 hardware, below it elsewhere (see BLAS_FIRST_WITH)."""
+    return PRIORITY + 10 if torch_bf16_has_hardware() else PRIORITY - 5
+
+
 def register(registry) -> None:
     from portable_kernels.core.formats import PLAIN
     from portable_kernels.ops.gemm.fp4 import FP8_FP4_GEMM_NT
@@ -374,11 +399,14 @@ def register(registry) -> None:
     for contract in (FP8_GEMM_NT, FP8_FP4_GEMM_NT):
         registry.kernel(contract.name, BACKEND, NATIVE, priority=PRIORITY, formats=plain, dtypes=out,
                         devices=("cpu",), check=_per_row_a, doc=DOC)(fp8_gemm_nt_native)
-    registry.kernel(BF16_GEMM_NT.name, BACKEND, "torch-blas", priority=PRIORITY + 10,
+    blas_doc = ("torch.matmul into d (the BLAS torch ships: oneDNN / MKL); bf16 d, no c; "
+                + ("first: this CPU has bf16 matrix hardware" if torch_bf16_has_hardware() else
+                   "after native: no bf16 matrix hardware here (native measured 3.0x at M>=16 on AVX2)"))
+    registry.kernel(BF16_GEMM_NT.name, BACKEND, "torch-blas", priority=blas_priority(),
                     dtypes={"a": (torch.bfloat16,), "b": (torch.bfloat16,), "d": (torch.bfloat16,)}, devices=("cpu",),
                     check=lambda call: [] if call.c is None else ["c is given: torch.matmul cannot add an fp32 "
                                                                   "accumulator before rounding to bf16"],
-                    doc="torch.matmul into d (the BLAS torch ships: oneDNN / MKL); bf16 d, no c")(bf16_gemm_nt_blas)
+                    doc=blas_doc)(bf16_gemm_nt_blas)
     registry.kernel(BF16_GEMM_NT.name, BACKEND, NATIVE, priority=PRIORITY, dtypes=out, devices=("cpu",),
                     check=lambda call: _unavailable(), doc=DOC)(bf16_gemm_nt_native)
     for contract in (M_GROUPED_FP8_CONTIGUOUS, M_GROUPED_BF16_CONTIGUOUS):

@@ -168,9 +168,32 @@ def test_public_gemm_ops_run_the_native_provider(m):
         x, w = randn(m, 512, seed=1, dtype=torch.bfloat16), randn(96, 512, seed=2, dtype=torch.bfloat16)
         pk.bf16_gemm_nt(x, w, torch.empty(m, 96, dtype=torch.bfloat16))
         pk.bf16_gemm_nt(x, w, torch.empty(m, 96), c=torch.zeros(m, 96))
-    assert ran == [("fp8_gemm_nt", "cpu", "native"), ("bf16_gemm_nt", "cpu", "torch-blas"),
+    first = "torch-blas" if ng.torch_bf16_has_hardware() else "native"  # the per-ISA order, tested below
+    assert ran == [("fp8_gemm_nt", "cpu", "native"), ("bf16_gemm_nt", "cpu", first),
                    ("bf16_gemm_nt", "cpu", "native")]
     assert calc_diff(d, _reference(dequantize_reference(a), dequantize_reference(b))) < 1e-5
+
+
+@pytest.mark.parametrize("level, extras, onednn, blas_first", [
+    ("avx512", {"amx", "avx512bf16"}, "", True),          # Sapphire Rapids: oneDNN's AMX bf16 matmul
+    ("avx512", {"avx512bf16"}, "", True),
+    ("avx512", set(), "", False),                          # Skylake-X: AVX-512 without bf16
+    ("avx2", set(), "", False),                            # AMD Zen 3, older Intel
+    ("avx512", {"amx", "avx512bf16"}, "AVX2", False),      # oneDNN told to stay on AVX2
+    ("neon", set(), "", False),
+])
+def test_torch_blas_goes_first_only_where_torch_has_bf16_hardware(monkeypatch, level, extras, onednn, blas_first):
+    from portable_kernels.core.native import build
+    monkeypatch.setattr(build, "detected_isa", lambda: (level, frozenset(extras)))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", onednn)
+    assert ng.torch_bf16_has_hardware() is blas_first
+    assert (ng.blas_priority() > ng.PRIORITY) is blas_first
+
+
+def test_registered_bf16_gemm_order_is_the_per_isa_one():
+    from portable_kernels.core.registry import registry
+    prio = {p.name: p.priority for p in registry().providers("bf16_gemm_nt", "cpu")}
+    assert prio["torch-blas"] == ng.blas_priority() and prio["native"] == ng.PRIORITY
 
 
 def test_bf16_gemm_with_c_reads_mn_major_operands_as_the_wgrad_passes_them():
