@@ -145,6 +145,18 @@ assert torch.equal(s, ws) and torch.equal(q.view(torch.uint8), wq.view(torch.uin
 s = torch.randn(3, 500)
 v, i = topk.topk_native(s, 20)
 assert torch.equal(v.sort(1).values, torch.topk(s, 20).values.sort(1).values) and torch.equal(s.gather(1, i), v)
+from portable_kernels.backends.cpu.providers import mla
+from portable_kernels.ops.attention.decode import MlaDecodeInputs, mla_decode_reference
+from portable_kernels.testing.mla_cases import build_paged_cache, check_decode, random_kv
+assert mla.engines() == ("fma",), mla.engines()  # no AMX engine below the avx512 build
+paged = build_paged_cache(random_kv([300, 77], 1, 576, seed=1), 64, seed=1, fp8=True)
+q = torch.randn(2, 1, 20, 576).bfloat16()
+out, lse = torch.empty(2, 1, 20, 512, dtype=torch.bfloat16), torch.empty(2, 20, 1)
+mla.decode_native(MlaDecodeInputs(q, paged.k_cache, paged.block_table, paged.cache_seqlens, 512, 576 ** -0.5, True,
+                                  True, None, None, None, out, lse))
+ref_out, ref_lse = mla_decode_reference(q, paged.k_cache, paged.block_table, paged.cache_seqlens, 512, 576 ** -0.5,
+                                        True, True, None, dtype=torch.float64)
+check_decode(out, lse, ref_out, ref_lse)
 print("ok")
 """
 

@@ -1,6 +1,9 @@
-"""Native MLA decode of the cpu backend (C++ in mla.cpp, AMX-BF16): flash_mla_with_kvcache over a
-bf16 or FP8 (656-byte) paged cache, dense (causal or not) or sparse, split over the sequence with
-an lse merge; and this backend's get_mla_metadata: the split plan.
+"""Native MLA decode of the cpu backend (C++ in mla.cpp): flash_mla_with_kvcache over a bf16 or FP8
+(656-byte) paged cache, dense (causal or not) or sparse, split over the sequence with an lse merge;
+and this backend's get_mla_metadata: the split plan.
+
+Two engines: AMX (bf16 tiles, mla_amx.h) where the CPU has AMX-BF16, else FMA (fp32 vectors,
+mla_fma.h) on every other CPU: AVX-512, AVX2, NEON or the generic build.
 
 The plan (`mla_split_plan`) cuts every job — (sequence, KV head) for dense decode, (sequence, query
 token) for sparse — into key ranges so that the machine's threads get about two tasks each and no
@@ -22,12 +25,15 @@ from .._names import BACKEND, NATIVE
 from . import _checks as chk
 
 LIB = register_library(NativeLibrary("cpu_mla", Path(__file__).parent.parent / "kernels" / "mla.cpp", {
-    "pk_mla_available": [],
+    "pk_mla_engines": [],
     "pk_mla_decode": [PTR, I64, I64, I64, I64, I64,            # q, b, s_q, h_q, d, h_kv
                       PTR, I32, I64, I64, I64, I64, I64,        # cache, fp8, blocks, block_size, strides (bytes)
                       PTR, I64, PTR, PTR, I64, F32, I32,        # block_table, max_blocks, seqlens, indices, topk, scale, causal
-                      PTR, I64, I64, PTR, PTR, I32],            # splits, nsplits, nslots, out, lse, threads
-}, returns={"pk_mla_available": I32, "pk_mla_decode": I32}, owner=BACKEND))
+                      PTR, I64, I64, PTR, PTR, I32, I32],       # splits, nsplits, nslots, out, lse, threads, engine
+}, returns={"pk_mla_engines": I32, "pk_mla_decode": I32}, owner=BACKEND))
+
+#: the engines, by the bit pk_mla_engines reports and the number pk_mla_decode takes
+ENGINES = {"fma": 1, "amx": 2}
 
 #: no task is cut shorter than this many keys (a chunk is 64 keys; shorter splits cost their merge)
 MIN_SPLIT_KEYS = 512
@@ -37,9 +43,21 @@ TASKS_PER_THREAD = 2
 OPEN_END = 2 ** 62
 
 
-def available() -> bool:
+def engines() -> tuple[str, ...]:
+    """The engines this build and CPU can run ("fma" wherever the library built, "amx" with AMX-BF16)."""
     lib = LIB.get()
-    return bool(lib is not None and lib.pk_mla_available())
+    bits = lib.pk_mla_engines() if lib is not None else 0
+    return tuple(name for name, bit in ENGINES.items() if bits & bit)
+
+
+def available() -> bool:
+    return bool(engines())
+
+
+def engine() -> str:
+    """The engine a call runs by default: AMX where the CPU has it, else FMA."""
+    have = engines()
+    return "amx" if "amx" in have else "fma"
 
 
 def mla_split_plan(job_keys: list[int], jobs_per_batch: int, threads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,12 +118,15 @@ def _plan_for(call, b: int, s_q: int, h_kv: int) -> torch.Tensor:
     return mla_split_plan(keys, per_batch, num_threads())[0]
 
 
-def decode_native(call) -> None:
-    """MlaDecodeInputs: writes call.out (bf16 [b, s_q, h_q, 512]) and call.lse (fp32 [b, h_q, s_q])."""
+def decode_native(call, engine: str | None = None) -> None:
+    """MlaDecodeInputs: writes call.out (bf16 [b, s_q, h_q, 512]) and call.lse (fp32 [b, h_q, s_q]).
+    engine: "fma" or "amx" (one of engines()); None runs the default (engine())."""
     op = "flash_mla_with_kvcache"
     lib = LIB.get()
-    if lib is None or not lib.pk_mla_available():
-        raise RuntimeError(f"{op}: native MLA unavailable here")
+    if lib is None:
+        raise RuntimeError(f"{op}: native MLA unavailable here: {LIB.reason()}")
+    if engine is not None and engine not in engines():
+        raise ValueError(f"{op}: engine={engine!r} cannot run here; this CPU and build run {engines()}")
     reject_bad_cache_references(call)  # the contract's rule, before any cache byte is read
     q, cache = call.q.contiguous(), call.k_cache
     b, s_q, h_q, d = q.shape
@@ -126,9 +147,10 @@ def decode_native(call) -> None:
                       nblocks, block_size, cache.stride(0) * elem, cache.stride(1) * elem, cache.stride(2) * elem,
                       chk.ptr(bt), 0 if bt is None else bt.shape[1], chk.ptr(seqlens), chk.ptr(indices),
                       0 if indices is None else indices.shape[-1], float(call.softmax_scale), int(call.causal),
-                      plan.data_ptr(), plan.shape[0], nslots, call.out.data_ptr(), call.lse.data_ptr(), num_threads())
+                      plan.data_ptr(), plan.shape[0], nslots, call.out.data_ptr(), call.lse.data_ptr(), num_threads(),
+                      0 if engine is None else ENGINES[engine])
     if status:
-        raise RuntimeError(f"{op}: native MLA refused to run (no AMX tile permission)")
+        raise RuntimeError(f"{op}: native MLA refused engine {engine!r} (no AMX tile permission)")
 
 
 # -- providers ---------------------------------------------------------------------------------------------
@@ -136,8 +158,6 @@ def decode_native(call) -> None:
 def _decline(call) -> list[str]:
     if LIB.get() is None:
         return [f"native MLA unavailable: {LIB.reason()}"]
-    if not available():
-        return ["native MLA runs on AMX-BF16 tiles, which this CPU lacks"]
     return []
 
 
@@ -149,5 +169,6 @@ def register(registry) -> None:
     register_provider_fake(GET_MLA_METADATA.name, BACKEND, NATIVE, metadata_fake)
     registry.kernel(FLASH_MLA_WITH_KVCACHE.name, BACKEND, NATIVE, priority=10, devices=("cpu",), check=_decline,
                     dtypes={"q": (torch.bfloat16,)},  # fp16 q (allowed by the contract) is the reference's
-                    doc="C++ (deepjit, AMX): 64-key chunks, online softmax, split over the sequence, lse merge"
+                    doc="C++ (deepjit; AMX-BF16 tiles where the CPU has them, else fp32 FMA vectors of the build's "
+                        "ISA): 64-key chunks, online softmax, split over the sequence, lse merge"
                     )(decode_native)

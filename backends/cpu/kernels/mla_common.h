@@ -1,0 +1,65 @@
+// mla_common.h — what both engines of the native MLA decode (mla.cpp) share: the call's arguments,
+// a job (the query rows that attend the same keys) and where a job's key lives in the paged cache.
+#pragma once
+
+#include "pk_native.h"
+
+#include <cstdlib>
+#include <vector>
+
+namespace pk_mla {
+
+constexpr int64_t CK = 64;   // keys per chunk
+constexpr int64_t DV = 512;  // V channels: the first 512 of every cache row
+
+struct Args {
+  const uint16_t* q;  // [b, s_q, h_q, d] contiguous
+  int64_t b, s_q, h_q, d, h_kv;
+  const uint8_t* cache;
+  bool fp8;
+  int64_t num_blocks, block_size, block_stride, token_stride, head_stride;  // strides in bytes
+  const int32_t* block_table;
+  int64_t max_blocks;
+  const int32_t* seqlens;
+  const int32_t* indices;  // [b, s_q, topk] or null
+  int64_t topk;
+  float scale;
+  bool causal;
+  uint16_t* out;  // [b, s_q, h_q, 512]
+  float* lse;     // [b, h_q, s_q]
+};
+
+struct Job {
+  int64_t b, h, i;  // batch, kv head (dense) ; query token (sparse, else -1)
+  int64_t rows, keys;
+};
+
+inline int64_t group(const Args& a) { return a.h_q / a.h_kv; }
+
+// query token and head of row r of a job
+inline void row_of(const Args& a, const Job& j, int64_t r, int64_t* i, int64_t* head) {
+  if (j.i >= 0) {
+    *i = j.i;
+    *head = r;
+  } else {
+    *i = r / group(a);
+    *head = j.h * group(a) + r % group(a);
+  }
+}
+
+// The cache bytes of key `k` of a job (null: the key is invisible to every row / not stored).
+inline const uint8_t* key_ptr(const Args& a, const Job& j, int64_t k) {
+  int64_t slot;
+  if (j.i >= 0) {
+    slot = a.indices[(j.b * a.s_q + j.i) * a.topk + k];
+    if (slot < 0 || slot >= a.num_blocks * a.block_size) return nullptr;
+  } else {
+    const int64_t blk = a.block_table[j.b * a.max_blocks + k / a.block_size];
+    if (blk < 0 || blk >= a.num_blocks) return nullptr;
+    slot = blk * a.block_size + k % a.block_size;
+  }
+  return a.cache + (slot / a.block_size) * a.block_stride + (slot % a.block_size) * a.token_stride +
+         (j.i >= 0 ? 0 : j.h * a.head_stride);
+}
+
+}  // namespace pk_mla
