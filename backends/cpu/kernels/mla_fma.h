@@ -2,8 +2,8 @@
 //
 // The task is the AMX engine's (a job's rows against a key range, chunks of 64 keys, online
 // softmax), in fp32 throughout. A chunk's keys are widened to fp32 (FP8 tiles times their
-// power-of-two scales: exact) and stored twice, transposed Kᵀ [d][64] for the logits and row-major
-// V [64][512] for P·V; the job's Q rows are widened once per task. Both products run one
+// power-of-two scales: exact) and stored twice, as Kᵀ for the logits and as V for P·V, both in
+// panels of NC columns; the job's Q rows are widened once per task. Both products run one
 // register-blocked kernel, C[MR rows][NC columns] += A·B with A's elements broadcast and B's rows
 // loaded as vectors, over K slabs of KB rows of B so that a slab stays in L1 while every row block
 // passes over it. P stays fp32 (no bf16 rounding, unlike the AMX engine's two-term P).
@@ -41,6 +41,7 @@ inline void block(const float* A, int64_t lda, const float* B, int64_t ldb, int6
   vec c[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) c[r][v] = vload(C + r * ldc + v * VL);
+#pragma GCC unroll 4
   for (int64_t k = 0; k < kc; ++k) {
     vec b[NV];
     for (int v = 0; v < NV; ++v) b[v] = vload(B + k * ldb + v * VL);
@@ -65,23 +66,25 @@ inline void block(const float* A, int64_t lda, const float* B, int64_t ldb, int6
 #endif
 }
 
-// C[M][N] += A[M][kc] · B[kc][N] (N a multiple of NC), B in slabs of KB rows.
-inline void gemm_acc(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t kc, float* C, int64_t ldc,
-                     int64_t M, int64_t N) {
+// C[M][N] += A[M][kc] · B[kc][N] (N a multiple of NC), B stored as panels of NC columns, [N / NC][kc][NC],
+// so that a slab of KB rows of one panel is contiguous (row-major B rows 2 KiB apart would fall into
+// a few L1 sets and be evicted before the next row block reads them).
+inline void gemm_acc(const float* A, int64_t lda, const float* B, int64_t kc, float* C, int64_t ldc, int64_t M,
+                     int64_t N) {
   for (int64_t k0 = 0; k0 < kc; k0 += KB) {
     const int64_t kn = std::min(KB, kc - k0);
     for (int64_t n = 0; n < N; n += NC) {
-      const float* b = B + k0 * ldb + n;
+      const float* b = B + (n / NC) * kc * NC + k0 * NC;
       int64_t m = 0;
-      for (; m + MR <= M; m += MR) block<MR>(A + m * lda + k0, lda, b, ldb, kn, C + m * ldc + n, ldc);
+      for (; m + MR <= M; m += MR) block<MR>(A + m * lda + k0, lda, b, NC, kn, C + m * ldc + n, ldc);
       const float* a = A + m * lda + k0;
       float* c = C + m * ldc + n;
       switch (M - m) {
-        case 5: block<5>(a, lda, b, ldb, kn, c, ldc); break;
-        case 4: block<4>(a, lda, b, ldb, kn, c, ldc); break;
-        case 3: block<3>(a, lda, b, ldb, kn, c, ldc); break;
-        case 2: block<2>(a, lda, b, ldb, kn, c, ldc); break;
-        case 1: block<1>(a, lda, b, ldb, kn, c, ldc); break;
+        case 5: block<5>(a, lda, b, NC, kn, c, ldc); break;
+        case 4: block<4>(a, lda, b, NC, kn, c, ldc); break;
+        case 3: block<3>(a, lda, b, NC, kn, c, ldc); break;
+        case 2: block<2>(a, lda, b, NC, kn, c, ldc); break;
+        case 1: block<1>(a, lda, b, NC, kn, c, ldc); break;
         default: break;
       }
     }
@@ -166,17 +169,24 @@ void run_task(const Args& a, const Job& j, int64_t k0, int64_t k1, Work& w) {
     // gather: keys past cn keep old (finite or zero) values, their logits are never read and P·V
     // stops at cn; a key that is not stored is zero, so its P = 0 multiplies zeros
     bool present[CK];
+    const int64_t row_bytes = a.fp8 ? DV + 16 + (a.d - DV) * 2 : a.d * 2;
     for (int64_t k = 0; k < cn; ++k) {
       const uint8_t* p = key_ptr(a, j, c0 + k);
       present[k] = p != nullptr;
+      // the same key of the next chunk, into L2 while this chunk's products run
+      const uint8_t* next = c0 + CK + k < k1 ? key_ptr(a, j, c0 + CK + k) : nullptr;
+      if (next)
+        for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(next + off, 0, 2);
       if (p) load_key(a, p, key);
       else std::fill(key, key + d, 0.0f);
-      for (int64_t c = 0; c < d; ++c) kt[c * CK + k] = key[c];
-      std::memcpy(v + k * DV, key, DV * 4);
+      // Kᵀ panels [CK / NC][d][NC]; V panels [DV / NC][cn][NC] (P·V runs over the first cn keys)
+      float* ktp = kt + (k / NC) * d * NC + k % NC;
+      for (int64_t c = 0; c < d; ++c) ktp[c * NC] = key[c];
+      for (int64_t p = 0; p < DV / NC; ++p) std::memcpy(v + (p * cn + k) * NC, key + p * NC, NC * 4);
     }
     for (int64_t k = cn; k < CK; ++k) present[k] = false;
     std::fill(w.s.begin(), w.s.end(), 0.0f);
-    gemm_acc(w.q.data(), d, kt, CK, d, w.s.data(), CK, R, CK);
+    gemm_acc(w.q.data(), d, kt, d, w.s.data(), CK, R, CK);
     // online softmax per row; P (fp32) replaces the logits in s
     for (int64_t r = 0; r < R; ++r) {
       float* srow = w.s.data() + r * CK;
@@ -207,7 +217,7 @@ void run_task(const Args& a, const Job& j, int64_t k0, int64_t k1, Work& w) {
         for (int64_t c = 0; c < DV; ++c) orow[c] *= alpha;
       }
     }
-    gemm_acc(w.s.data(), CK, v, DV, cn, w.o.data(), DV, R, DV);
+    gemm_acc(w.s.data(), CK, v, cn, w.o.data(), DV, R, DV);
   }
 }
 
