@@ -11,6 +11,10 @@
 
 #include "mla_common.h"
 
+#if defined(__ARM_NEON) && !defined(__AVX2__)
+#include <arm_neon.h>
+#endif
+
 namespace pk_mla {
 namespace fma {
 
@@ -28,8 +32,21 @@ inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
 inline vec vbcast(float x) { return _mm256_set1_ps(x); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+#elif defined(__ARM_NEON)
+constexpr int VL = 4, NV = 4, MR = 6;  // 24 accumulators of 32 q registers
+using vec = float32x4_t;
+inline vec vload(const float* p) { return vld1q_f32(p); }
+inline void vstore(float* p, vec v) { vst1q_f32(p, v); }
+inline vec vbcast(float x) { return vdupq_n_f32(x); }
+inline vec vfma(vec a, vec b, vec c) { return vfmaq_f32(c, a, b); }
 #else
-constexpr int VL = 1, NV = 16, MR = 4;  // plain loops over 16 columns, for the compiler to vectorize
+// generic: the compiler's 4-float vectors (SSE2 on x86-64), multiply then add
+constexpr int VL = 4, NV = 2, MR = 4;  // 8 accumulators of 16 xmm registers
+typedef float vec __attribute__((vector_size(16)));
+inline vec vload(const float* p) { vec v; std::memcpy(&v, p, sizeof v); return v; }
+inline void vstore(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+inline vec vbcast(float x) { return vec{x, x, x, x}; }
+inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
 #endif
 constexpr int NC = VL * NV;  // columns of one block; CK and DV are multiples of it
 constexpr int64_t KB = 64;   // rows of B per slab (64 x NC fp32: 16 KiB with AVX-512)
@@ -37,7 +54,6 @@ constexpr int64_t KB = 64;   // rows of B per slab (64 x NC fp32: 16 KiB with AV
 // C[r][0..NC) += sum over k < kc of A[r * lda + k] * B[k * ldb + 0..NC), for r < R.
 template <int R>
 inline void block(const float* A, int64_t lda, const float* B, int64_t ldb, int64_t kc, float* C, int64_t ldc) {
-#if defined(__AVX512F__) || defined(__AVX2__)
   vec c[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) c[r][v] = vload(C + r * ldc + v * VL);
@@ -52,18 +68,6 @@ inline void block(const float* A, int64_t lda, const float* B, int64_t ldb, int6
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) vstore(C + r * ldc + v * VL, c[r][v]);
-#else
-  float c[R][NC];
-  for (int r = 0; r < R; ++r)
-    for (int n = 0; n < NC; ++n) c[r][n] = C[r * ldc + n];
-  for (int64_t k = 0; k < kc; ++k)
-    for (int r = 0; r < R; ++r) {
-      const float x = A[r * lda + k];
-      for (int n = 0; n < NC; ++n) c[r][n] += x * B[k * ldb + n];
-    }
-  for (int r = 0; r < R; ++r)
-    for (int n = 0; n < NC; ++n) C[r * ldc + n] = c[r][n];
-#endif
 }
 
 // C[M][N] += A[M][kc] · B[kc][N] (N a multiple of NC), B stored as panels of NC columns, [N / NC][kc][NC],
