@@ -20,6 +20,11 @@ import portable_kernels as pk
 
 MEDIAN_BOUND = 1e-2
 WHOLE_BOUND = 8e-2
+# DeepSeek-V3's published yarn RoPE multiplies the softmax scale by 1.874, so attention is sharper
+# and amplifies the same FP8 errors: measured median 6.3e-3 (bf16 cache) and 1.06e-2 (FP8 cache),
+# whole 6.2e-2; with yarn ignored (or only its softmax factor, or only its frequencies) the median is
+# 0.19-0.22 (2026-12-03, seed-7 tiny checkpoint, cpu backend).
+YARN_MEDIAN_BOUND = 2e-2
 
 
 def per_position(ours: torch.Tensor, ref: torch.Tensor) -> list[float]:

@@ -11,7 +11,7 @@ from portable_kernels.models import load
 from portable_kernels.models.deepseek import cache as cache_mod
 from portable_kernels.models.deepseek.reference import hf_logits
 
-from .agreement import MEDIAN_BOUND, WHOLE_BOUND, median_diff, ragged_ids
+from .agreement import MEDIAN_BOUND, WHOLE_BOUND, YARN_MEDIAN_BOUND, median_diff, ragged_ids
 
 SEQ = 80           # spans two 64-token pages, so page order matters
 LENGTHS = [80, 45]
@@ -45,6 +45,25 @@ def test_ragged_prefill_logits_agree_with_hf(checkpoints, hf_prefill, prompt, na
     med, whole = _worst(model.logits(prompt, lengths=LENGTHS), hf_prefill[name], LENGTHS)
     assert med < MEDIAN_BOUND and whole < WHOLE_BOUND, (med, whole)
     assert pk.implicit_conversions() == 0
+
+
+@pytest.mark.parametrize("kv_cache", ["bf16", "fp8"])
+def test_published_yarn_rope_prefill_and_decode_agree_with_hf(checkpoints, hf_prefill, prompt, kv_cache):
+    """DeepSeek-V3's own rope_scaling (yarn, factor 40, mscale_all_dim 1: softmax scale x 1.874)."""
+    model = load(checkpoints["yarn"], kv_cache=kv_cache)
+    assert model.config.rope_yarn is not None and model.config.rope_yarn.factor == 40
+    med, whole = _worst(model.logits(prompt, lengths=LENGTHS, prefill=60), hf_prefill["yarn"], LENGTHS)
+    assert med < YARN_MEDIAN_BOUND and whole < WHOLE_BOUND, (med, whole)
+
+
+def test_bound_catches_yarn_ignored(checkpoints, hf_prefill, prompt):
+    model = load(checkpoints["yarn"])
+    plain = attrs.evolve(model.config, rope_yarn=None)
+    object.__setattr__(model, "config", plain)
+    for layer in model.layers:
+        object.__setattr__(layer.attn, "cfg", plain)
+    med = _worst(model.logits(prompt, lengths=LENGTHS), hf_prefill["yarn"], LENGTHS)[0]
+    assert med > 5 * YARN_MEDIAN_BOUND
 
 
 @pytest.mark.parametrize("backend", ["nvidia:arch=sm90", "nvidia:arch=sm100", "ascend:soc=950",

@@ -91,7 +91,8 @@ def test_non_power_of_two_scales_load_where_the_format_keeps_fp32(tmp_path, fp32
 
 
 @pytest.mark.parametrize("change, key", [
-    ({"rope_scaling": {"type": "yarn", "factor": 40}}, "rope_scaling"),
+    ({"rope_scaling": {"type": "linear", "factor": 4}}, "rope_scaling.rope_type"),
+    ({"rope_scaling": {"type": "yarn", "factor": 40}}, "original_max_position_embeddings"),
     ({"kv_lora_rank": 256}, "kv_lora_rank"),
     ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quant_method"),
     ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 64]}}, "weight_block_size"),

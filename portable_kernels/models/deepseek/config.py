@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import math
+
 import attrs
 
 from .errors import UnsupportedConfigError
@@ -17,6 +19,37 @@ from .errors import UnsupportedConfigError
 WEIGHT_BLOCK = (128, 128)
 MLA_LATENT = 512      # the MLA kernels' latent width (FlashMLA: 576 = 512 latent + 64 RoPE)
 MLA_ROPE = 64
+
+
+@attrs.frozen
+class YarnRope:
+    """YaRN's RoPE scaling (DeepSeek-V3's published config: factor 40 over 4096 original positions),
+    with Hugging Face's rules for what config.json leaves out (beta_fast 32, beta_slow 1, truncate)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def cos_sin_factor(self) -> float:
+        """What cos and sin are multiplied by (1 for DeepSeek-V3: mscale = mscale_all_dim)."""
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
+        return yarn_mscale(self.factor)
+
+    def softmax_factor(self) -> float:
+        """What the attention's softmax scale is multiplied by: mscale(factor, mscale_all_dim)^2."""
+        return yarn_mscale(self.factor, self.mscale_all_dim) ** 2 if self.mscale_all_dim else 1.0
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 @attrs.frozen
@@ -44,6 +77,7 @@ class DeepseekV3Config:
     rope_theta: float
     rope_interleave: bool
     tie_word_embeddings: bool
+    rope_yarn: YarnRope | None = None  # None: the default RoPE
 
     @property
     def qk_head_dim(self) -> int:
@@ -58,14 +92,36 @@ def _refuse(key: str, given: Any, expected: str, fix: str) -> UnsupportedConfigE
                                   f"{expected}. Fix: {fix}")
 
 
-def _rope(raw: dict[str, Any]) -> float:
+def _rope(raw: dict[str, Any]) -> tuple[float, YarnRope | None]:
+    """(rope_theta, YaRN scaling or None) from rope_parameters (transformers 5) or rope_scaling."""
     params = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or {}
-    kind = params.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-    if kind != "default":
-        raise _refuse("rope_scaling.rope_type", kind, "only the default RoPE (no yarn scaling yet)",
-                      "use a checkpoint without rope_scaling, or extend layers.rope_tables with yarn")
-    return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    given = params or scaling
+    key = "rope_parameters" if params else "rope_scaling"
+    kind = given.get("rope_type", given.get("type", "default"))
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    if kind == "default":
+        return theta, None
+    if kind != "yarn":
+        raise _refuse(f"{key}.rope_type", kind, "the default RoPE or 'yarn' (DeepSeek-V3's)",
+                      "use a DeepSeek-V3 config with yarn or no rope scaling")
+    if given.get("factor") is None and raw.get("max_position_embeddings") is None:
+        raise _refuse(f"{key}.factor", None, "a yarn factor (or max_position_embeddings to derive it)",
+                      "set rope_scaling.factor as DeepSeek's config does (40)")
+    if given.get("original_max_position_embeddings") is None:
+        raise _refuse(f"{key}.original_max_position_embeddings", None, "the pretraining context length",
+                      "set it as DeepSeek's config does (4096)")
+    original = int(given["original_max_position_embeddings"])
+    factor = given.get("factor")
+    factor = float(factor) if factor is not None else float(raw["max_position_embeddings"]) / original
+    def opt(name):
+        value = given.get(name)
+        return None if value is None else float(value)
+    yarn = YarnRope(factor=factor, original_max_position_embeddings=original,
+                    beta_fast=float(given.get("beta_fast") or 32), beta_slow=float(given.get("beta_slow") or 1),
+                    mscale=opt("mscale"), mscale_all_dim=opt("mscale_all_dim"),
+                    attention_factor=opt("attention_factor"), truncate=bool(given.get("truncate", True)))
+    return theta, yarn
 
 
 def config_from_dict(raw: dict[str, Any]) -> DeepseekV3Config:
@@ -92,7 +148,7 @@ def config_from_dict(raw: dict[str, Any]) -> DeepseekV3Config:
     for key, want, expected in checks:
         if raw.get(key, want) != want:
             raise _refuse(key, raw.get(key), expected, "use a DeepSeek-V3 config with that value")
-    rope_theta = _rope(raw)
+    rope_theta, rope_yarn = _rope(raw)
     cfg = DeepseekV3Config(
         vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
         intermediate_size=int(raw["intermediate_size"]), moe_intermediate_size=int(raw["moe_intermediate_size"]),
@@ -108,7 +164,7 @@ def config_from_dict(raw: dict[str, Any]) -> DeepseekV3Config:
         first_k_dense_replace=int(raw.get("first_k_dense_replace", 0)),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta,
         rope_interleave=bool(raw.get("rope_interleave", True)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), rope_yarn=rope_yarn,
     )
     if raw.get("num_key_value_heads", cfg.num_attention_heads) != cfg.num_attention_heads:
         raise _refuse("num_key_value_heads", raw.get("num_key_value_heads"), "num_attention_heads (MLA)",

@@ -8,6 +8,8 @@ product and the per-head absorption products with kv_b_proj (see docs/models.md)
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import torch
 
@@ -28,12 +30,44 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight).bfloat16()
 
 
-def rope_tables(cfg: DeepseekV3Config, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin fp32 [T, rope_dim / 2] of the default RoPE at these absolute positions."""
+def rope_inv_freq(cfg: DeepseekV3Config) -> torch.Tensor:
+    """fp32 [rope_dim / 2]: theta^(-2i/dim), or YaRN's blend of it and its interpolation by `factor`
+    (Hugging Face's _compute_yarn_parameters: a linear ramp between the correction dimensions of
+    beta_fast and beta_slow rotations over the original context)."""
     dim = cfg.qk_rope_head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    angles = positions.float()[:, None] * inv_freq[None, :]
-    return angles.cos(), angles.sin()
+    base = cfg.rope_theta
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    yarn = cfg.rope_yarn
+    if yarn is None:
+        return inv_freq
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(yarn.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(yarn.beta_fast), correction_dim(yarn.beta_slow)
+    if yarn.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: the original frequency (fast dimensions), 0: interpolated by factor
+    return inv_freq / yarn.factor * (1 - keep) + inv_freq * keep
+
+
+def rope_tables(cfg: DeepseekV3Config, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin fp32 [T, rope_dim / 2] at these absolute positions (YaRN's attention factor applied)."""
+    angles = positions.float()[:, None] * rope_inv_freq(cfg).to(positions.device)[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    if cfg.rope_yarn is not None:
+        factor = cfg.rope_yarn.cos_sin_factor()
+        cos, sin = cos * factor, sin * factor
+    return cos, sin
+
+
+def softmax_scale(cfg: DeepseekV3Config) -> float:
+    """qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 (DeepSeek-V3: 1.3689^2)."""
+    return cfg.qk_head_dim ** -0.5 * (1.0 if cfg.rope_yarn is None else cfg.rope_yarn.softmax_factor())
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool) -> torch.Tensor:
@@ -141,7 +175,7 @@ class Mla:
 
     @property
     def softmax_scale(self) -> float:
-        return self.cfg.qk_head_dim ** -0.5
+        return softmax_scale(self.cfg)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x bf16 [T, H] -> (q bf16 [T, heads, 576], cache entries bf16 [T, 576])."""
