@@ -162,3 +162,49 @@ PK_EXPORT void pk_reduce(const void* x, int x_bf16, int64_t P, int64_t H, const 
     }
   }
 }
+
+// get_fused_mapping as one counting sort: idx [T, k] (int32, or int64 when idx64) of experts < E,
+// negative = padding; P rows of the buffer; segments aligned to `align` rows. Rows of one expert
+// follow (token, slot) order, as the reference's stable sort leaves them. Writes the seven int32
+// outputs (see mapping.py). Returns 0, -1 when an index is >= E, -2 when the segments need more
+// than P rows (nothing is written past any output in either case).
+PK_EXPORT int pk_fused_mapping(const void* idx, int idx64, int64_t T, int64_t k, int64_t E, int64_t P, int64_t align,
+                               int32_t* pos_to_expert, int32_t* pos_to_token, int32_t* pos_to_token_topk,
+                               int32_t* token_topk_to_pos, int32_t* start, int32_t* end, int32_t* aligned) {
+  const int64_t n = T * k;
+  auto expert = [&](int64_t i) -> int64_t {
+    return idx64 ? static_cast<const int64_t*>(idx)[i] : static_cast<const int32_t*>(idx)[i];
+  };
+  std::vector<int64_t> count(static_cast<size_t>(E), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e = expert(i);
+    if (e >= E) return -1;
+    if (e >= 0) ++count[e];
+  }
+  int64_t rows = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t a = (count[e] + align - 1) / align * align;
+    start[e] = static_cast<int32_t>(rows);
+    aligned[e] = static_cast<int32_t>(a);
+    rows += a;
+    end[e] = static_cast<int32_t>(rows);
+  }
+  if (rows > P) return -2;
+  std::fill(pos_to_expert, pos_to_expert + P, -1);
+  std::fill(pos_to_token, pos_to_token + P, -1);
+  std::fill(pos_to_token_topk, pos_to_token_topk + P, -1);
+  for (int64_t e = 0; e < E; ++e) std::fill(pos_to_expert + start[e], pos_to_expert + start[e] + count[e], int32_t(e));
+  std::vector<int64_t> next(start, start + E);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e = expert(i);
+    if (e < 0) {
+      token_topk_to_pos[i] = -1;
+      continue;
+    }
+    const int64_t pos = next[e]++;
+    token_topk_to_pos[i] = static_cast<int32_t>(pos);
+    pos_to_token_topk[pos] = static_cast<int32_t>(i);
+    pos_to_token[pos] = static_cast<int32_t>(i / k);
+  }
+  return 0;
+}

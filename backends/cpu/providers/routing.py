@@ -1,5 +1,6 @@
 """Native MoE routing of the cpu backend (C++ in routing.cpp): top2_sum_gate after the scores,
-expand_to_fused(_with_sf) and reduce_fused, each one pass over its output.
+expand_to_fused(_with_sf) and reduce_fused, each one pass over its output, and get_fused_mapping as
+one counting sort.
 
 The gate's scores and ranking values (the contract's `score_reference` and `ranking_reference`:
 sigmoid, sqrt(softplus) or softmax, plus the bias) are computed with torch, so they are the
@@ -24,7 +25,8 @@ LIB = register_library(NativeLibrary("cpu_routing", Path(__file__).parent.parent
     "pk_top2_sum_gate": [PTR, PTR, I64, I64, I64, I64, I64, F32, I32, PTR, PTR, PTR, I32],
     "pk_expand": [PTR, I64, I64, I64, PTR, I64, I64, I64, PTR, I32, I64, PTR, I64, I64, PTR, I64, I64, I32],
     "pk_reduce": [PTR, I32, I64, I64, PTR, PTR, PTR, I32, I64, I64, PTR, I32, PTR, I32],
-}, owner=BACKEND))
+    "pk_fused_mapping": [PTR, I32, I64, I64, I64, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR, PTR],
+}, returns={"pk_fused_mapping": I32}, owner=BACKEND))
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -139,6 +141,31 @@ def reduce_native(x: torch.Tensor, x_sf: torch.Tensor | None, topk_weights: torc
                       num_threads())
 
 
+def fused_mapping_native(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int,
+                         alignment: int) -> tuple[torch.Tensor, ...]:
+    """get_fused_mapping's seven int32 tensors (see fused_mapping_reference) by a counting sort."""
+    op = "get_fused_mapping"
+    lib = _lib(op)
+    chk.tensor(op, "topk_idx", topk_idx, INDEX_DTYPES, None, "pass int64 [T, k] expert ids")
+    if topk_idx.dim() != 2:
+        chk.fail(op, "topk_idx", f"{topk_idx.dim()}-D", "[T, k]", "pass a 2-D tensor")
+    idx = topk_idx.contiguous()
+    t, k = idx.shape
+    p, e = num_expanded_tokens, num_experts
+    rows = [torch.empty(p, dtype=torch.int32) for _ in range(3)]
+    per_expert = [torch.empty(e, dtype=torch.int32) for _ in range(3)]
+    token_topk_to_pos = torch.empty(t, k, dtype=torch.int32)
+    status = lib.pk_fused_mapping(idx.data_ptr(), int(idx.dtype == torch.int64), t, k, e, p, alignment,
+                                  *(r.data_ptr() for r in rows), token_topk_to_pos.data_ptr(),
+                                  *(x.data_ptr() for x in per_expert))
+    if status == -1:
+        chk.fail(op, "topk_idx", "naming experts >= num_experts", f"values < {e} (negative = padding)",
+                 "pass the total expert count, or mask foreign experts with -1")
+    if status == -2:
+        chk.fail(op, "num_expanded_tokens", p, "at least the aligned segments' rows", "pass 0 to size it exactly")
+    return (*rows, token_topk_to_pos, *per_expert)
+
+
 # -- providers ---------------------------------------------------------------------------------------------
 
 def _available(call) -> list[str]:
@@ -153,6 +180,7 @@ def _unit_inner(call) -> bool:
 def register(registry) -> None:
     from portable_kernels.ops.moe_routing.expand import EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF
     from portable_kernels.ops.moe_routing.gate import TOP2_SUM_GATE
+    from portable_kernels.ops.moe_routing.mapping import GET_FUSED_MAPPING
     from portable_kernels.ops.moe_routing.reduce import REDUCE_FUSED
     registry.kernel(TOP2_SUM_GATE.name, BACKEND, NATIVE, priority=10, devices=("cpu",),
                     check=lambda c: _available(c) + ([] if c.fix_routing_mask is None else
@@ -169,3 +197,6 @@ def register(registry) -> None:
     registry.kernel(REDUCE_FUSED.name, BACKEND, NATIVE, priority=10, devices=("cpu",), check=_available,
                     doc="C++ (deepjit): fp32 sums, one pass over each token's rows")(
         lambda c: reduce_native(c.x, c.x_sf, c.topk_weights, c.token_topk_to_pos, c.sf, c.fp8, c.out))
+    registry.kernel(GET_FUSED_MAPPING.name, BACKEND, NATIVE, priority=10, devices=("cpu",), check=_available,
+                    doc="C++ (deepjit): one counting sort over (token, slot)")(
+        lambda c: fused_mapping_native(c.topk_idx, c.num_experts, c.num_expanded_tokens, c.alignment))

@@ -75,3 +75,42 @@ def test_routing_refuses_bad_arguments():
                          torch.empty(2, 9))
     with pytest.raises(ContractError, match="'logits'"):
         nr.top2_sum_gate_native(randn(2, 8, seed=1).double(), None, 2, 0, 0)
+
+
+@pytest.mark.parametrize("t,k,e,align,extra", [(37, 8, 16, 4, 0), (5, 2, 64, 128, 7), (0, 6, 8, 1, 3),
+                                               (64, 1, 3, 1, 0), (9, 4, 4, 16, 40)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_fused_mapping_is_the_reference_mapping(t, k, e, align, extra, dtype):
+    from portable_kernels.ops.moe_routing.mapping import fused_mapping_reference
+    gen = torch.Generator().manual_seed(t * 31 + e)
+    idx = torch.randint(0, e, (t, k), generator=gen)
+    idx[torch.rand(t, k, generator=gen) < 0.2] = -1  # padding slots
+    if e > 3:
+        idx[idx == 1] = 2  # an empty expert
+    idx = idx.to(dtype)
+    counts = torch.bincount(idx[idx >= 0].long(), minlength=e)
+    rows = int(((counts + align - 1) // align * align).sum()) + extra
+    ours = nr.fused_mapping_native(idx, e, rows, align)
+    want = fused_mapping_reference(idx, e, rows, align)
+    assert len(ours) == len(want) == 7
+    for name, a, b in zip(("pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos",
+                           "expert_start", "expert_end", "num_tokens_per_expert"), ours, want):
+        assert a.dtype == torch.int32 and torch.equal(a, b), name
+
+
+def test_fused_mapping_refuses_a_foreign_expert_and_a_short_buffer():
+    idx = torch.tensor([[0, 5], [1, 2]])
+    with pytest.raises(ContractError, match="topk_idx"):
+        nr.fused_mapping_native(idx, 4, 16, 4)
+    with pytest.raises(ContractError, match="num_expanded_tokens"):
+        nr.fused_mapping_native(torch.tensor([[0, 1], [1, 2]]), 4, 11, 4)  # 3 segments of 4 rows
+
+
+def test_public_get_fused_mapping_runs_native():
+    import portable_kernels as pk
+    from portable_kernels.core.dispatch import trace_providers
+    idx = torch.tensor([[3, 0], [0, -1], [2, 3]])
+    with trace_providers() as ran:
+        m = pk.get_fused_mapping(idx, 4, 0, 4)
+    assert ("get_fused_mapping", "cpu", "native") in ran
+    assert m.num_tokens_per_expert_list == [4, 0, 4, 4] and m.token_topk_to_pos.tolist() == [[8, 0], [1, -1], [4, 9]]
