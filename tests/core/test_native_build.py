@@ -170,3 +170,23 @@ def test_lower_isa_builds_compute_the_same(level):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def _lower_levels() -> list[str]:
+    level = build.detected_isa()[0]
+    x86 = ("avx512", "avx2", "generic")
+    return list(x86[x86.index(level) + 1:]) if level in x86 else (["generic"] if level != "generic" else [])
+
+
+@pytest.mark.parametrize("level", ["avx2", "generic"])
+def test_the_cpu_and_op_suites_pass_on_a_lower_isa_build(level):
+    """Issue 23: the native providers' own tests and every op's conformance tests, once per ISA build
+    this machine executes below its own (the default run covers the detected one)."""
+    if level not in _lower_levels():
+        pytest.skip(f"{level} is not below this machine's level ({build.detected_isa()[0]})")
+    env = {**__import__("os").environ, build.ISA_ENV: level}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(ROOT / "tests" / "backends" / "cpu"),
+           str(ROOT / "tests" / "ops"), "--deselect", "tests/backends/cpu/test_native_selftest.py"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout.splitlines()[-1]
