@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+import portable_kernels as pk
+
 from portable_kernels.__main__ import main
 from portable_kernels.models import load
 from portable_kernels.models.deepseek.checkpoint import cached_random_checkpoint, tiny_config
@@ -55,3 +57,21 @@ def test_logits_refuse_ids_that_are_not_a_batch_of_longs(checkpoints):
     model = load(checkpoints["q_lora"])
     with pytest.raises(ValueError, match=r"\[batch, seq\] LongTensor"):
         model.logits(torch.arange(4))
+
+
+def test_prefill_and_decode_steps_are_generate_and_a_repeated_step_changes_nothing(checkpoints):
+    from portable_kernels.models import load
+    model = load(checkpoints["q_lora"])
+    ids = torch.arange(3, 43).view(2, 20)
+    want = model.generate(ids, 4)
+    state = model.prefill(ids, 4)
+    got = [state.token.clone()]
+    for _ in range(3):
+        again = model.decode_step(state, advance=False)   # the same step twice: same answer, state kept
+        assert torch.equal(model.decode_step(state, advance=False), again)
+        got.append(model.decode_step(state).clone())
+        assert torch.equal(got[-1], again)
+    assert torch.equal(torch.stack(got, 1), want)
+    with pytest.raises(pk.ContractError, match="cache is full"):
+        for _ in range(200):
+            model.decode_step(state)

@@ -37,6 +37,8 @@ class PagedLatentCache:
             self.block_table[b, :n] = order[start:start + n]
             start += n
         self.seqlens = torch.zeros(len(capacity), dtype=torch.int32)
+        #: tokens each row's pages hold (its capacity rounded up to whole pages)
+        self.capacity = torch.tensor(pages, dtype=torch.int32) * PAGE_SIZE
         shape = (total, PAGE_SIZE, 1, ENTRY_BF16 if kind == "bf16" else ENTRY_FP8_BYTES)
         dtype = torch.bfloat16 if kind == "bf16" else torch.uint8
         self.pages = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]

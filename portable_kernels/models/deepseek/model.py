@@ -246,30 +246,64 @@ class DeepseekV3:
         return out
 
     @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, max_new_tokens: int,
+                lengths: torch.Tensor | list[int] | None = None) -> DecodeState:
+        """Run the prompts (rows right-padded to `lengths`) into a fresh cache with room for
+        `max_new_tokens` more; the state holds each row's greedy next token."""
+        lens = self._lengths(input_ids, lengths)
+        cache = self._cache(lens, max_new_tokens)
+        with pk.use_backend(self.backend, **self.options):
+            x = self._step(cache, [input_ids[b, :n] for b, n in enumerate(lens)])
+            last = torch.tensor(lens).cumsum(0) - 1
+            token = self._head(x[last]).argmax(-1)
+        return DecodeState(cache, token, sum(lens))
+
+    @torch.inference_mode()
+    def decode_step(self, state: DecodeState, advance: bool = True) -> torch.Tensor:
+        """Feed state.token (one per row) and return the greedy next tokens [batch]. advance=False
+        leaves the state as it was (the step's cache rows are written again by the next step): a
+        step that can be repeated, for benchmarks."""
+        before = state.cache.seqlens.clone()
+        if bool((before >= state.cache.capacity).any()):
+            raise pk.ContractError(f"decode_step: the cache is full ({before.tolist()} tokens of "
+                                   f"{state.cache.capacity.tolist()}). Fix: prefill with a larger max_new_tokens")
+        with pk.use_backend(self.backend, **self.options):
+            token = self._head(self._step(state.cache, [t.view(1) for t in state.token])).argmax(-1)
+        if advance:
+            state.token = token
+        else:
+            state.cache.seqlens.copy_(before)
+        return token
+
+    @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int,
                  lengths: torch.Tensor | list[int] | None = None) -> torch.Tensor:
         """Greedy decoding: LongTensor [batch, max_new_tokens] of new token ids after each row's prompt
         (rows right-padded to `lengths`). Timings of the call land in `last_timings`."""
-        lens = self._lengths(input_ids, lengths)
-        cache = self._cache(lens, max_new_tokens)
+        t0 = time.perf_counter()
+        state = self.prefill(input_ids, max_new_tokens, lengths)
+        prefill = time.perf_counter() - t0
         new = torch.zeros(input_ids.shape[0], max_new_tokens, dtype=torch.long)
         steps: list[float] = []
-        with pk.use_backend(self.backend, **self.options):
+        for s in range(max_new_tokens):
+            new[:, s] = state.token
+            if s + 1 == max_new_tokens:
+                break
             t0 = time.perf_counter()
-            x = self._step(cache, [input_ids[b, :n] for b, n in enumerate(lens)])
-            last = torch.tensor(lens).cumsum(0) - 1
-            token = self._head(x[last]).argmax(-1)
-            prefill = time.perf_counter() - t0
-            for s in range(max_new_tokens):
-                new[:, s] = token
-                if s + 1 == max_new_tokens:
-                    break
-                t0 = time.perf_counter()
-                token = self._head(self._step(cache, [token[b:b + 1] for b in range(len(lens))])).argmax(-1)
-                steps.append(time.perf_counter() - t0)
-        self.last_timings = {"prefill_s": prefill, "prefill_tokens": sum(lens), "decode_step_s": steps,
-                             "batch": len(lens)}
+            self.decode_step(state)
+            steps.append(time.perf_counter() - t0)
+        self.last_timings = {"prefill_s": prefill, "prefill_tokens": state.prompt_tokens, "decode_step_s": steps,
+                             "batch": input_ids.shape[0]}
         return new
+
+
+@attrs.define
+class DecodeState:
+    """A batch being decoded: its cache and each row's next input token (DeepseekV3.prefill)."""
+
+    cache: PagedLatentCache
+    token: torch.Tensor  # int64 [batch]
+    prompt_tokens: int
 
 
 def load(path: str | Path, backend: str = "cpu", kv_cache: str = "bf16", *, options: dict[str, Any] | None = None,
