@@ -33,8 +33,32 @@ def dequantized_state(path: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def hf_model(path: str | Path, dtype: torch.dtype = torch.float32):
-    """DeepseekV3ForCausalLM (eager attention) holding the checkpoint's dequantized weights."""
+def hf_state_dict(path: str | Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The checkpoint's dequantized weights under DeepseekV3ForCausalLM's parameter names (its
+    routed experts stacked into gate_up_proj / down_proj), in `dtype`."""
+    raw = json.loads((Path(path) / "config.json").read_text())
+    state = dequantized_state(path)
+    cfg = config_from_dict(raw)
+    mapped: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if ".mlp.experts." in name:
+            continue
+        mapped[name] = t.to(dtype)
+    for i in range(cfg.num_hidden_layers):
+        if not cfg.is_moe_layer(i):
+            continue
+        m = f"model.layers.{i}.mlp.experts"
+        experts = range(cfg.n_routed_experts)
+        mapped[f"{m}.gate_up_proj"] = torch.stack(
+            [torch.cat([state[f"{m}.{e}.gate_proj.weight"], state[f"{m}.{e}.up_proj.weight"]]) for e in experts]).to(dtype)
+        mapped[f"{m}.down_proj"] = torch.stack([state[f"{m}.{e}.down_proj.weight"] for e in experts]).to(dtype)
+    return mapped
+
+
+def hf_model(path: str | Path, dtype: torch.dtype = torch.float32, empty_init: bool = False):
+    """DeepseekV3ForCausalLM (eager attention) holding the checkpoint's dequantized weights.
+    empty_init: build it on the meta device and take the loaded tensors as its parameters (what
+    from_pretrained does), instead of initialising random weights first."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     raw = json.loads((Path(path) / "config.json").read_text())
@@ -42,29 +66,24 @@ def hf_model(path: str | Path, dtype: torch.dtype = torch.float32):
     config = DeepseekV3Config(**kwargs)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    model = DeepseekV3ForCausalLM(config).to(dtype).eval()
-    state = dequantized_state(path)
-    cfg = config_from_dict(raw)
-    mapped: dict[str, torch.Tensor] = {}
-    for name, t in state.items():
-        if ".mlp.experts." in name:
-            continue
-        mapped[name] = t
-    for i in range(cfg.num_hidden_layers):
-        if not cfg.is_moe_layer(i):
-            continue
-        m = f"model.layers.{i}.mlp.experts"
-        experts = range(cfg.n_routed_experts)
-        mapped[f"{m}.gate_up_proj"] = torch.stack(
-            [torch.cat([state[f"{m}.{e}.gate_proj.weight"], state[f"{m}.{e}.up_proj.weight"]]) for e in experts])
-        mapped[f"{m}.down_proj"] = torch.stack([state[f"{m}.{e}.down_proj.weight"] for e in experts])
+    if empty_init:
+        with torch.device("meta"):
+            model = DeepseekV3ForCausalLM(config).to(dtype).eval()
+    else:
+        model = DeepseekV3ForCausalLM(config).to(dtype).eval()
+    mapped = hf_state_dict(path, dtype)
     own = model.state_dict()
     missing = sorted(set(own) - set(mapped))
     extra = sorted(set(mapped) - set(own))
     if missing or extra:
         raise RuntimeError(f"HF reference: names do not map (missing {missing[:3]}, extra {extra[:3]}); "
                            "transformers' DeepseekV3 parameter names changed")
-    model.load_state_dict({k: v.to(own[k].dtype) for k, v in mapped.items()}, strict=True)
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in mapped.items()}, strict=True, assign=empty_init)
+    if empty_init:  # the rotary embedding's buffers were built on meta: build it again for real
+        for parent in list(model.modules()):
+            for child_name, child in list(parent.named_children()):
+                if type(child).__name__.endswith("RotaryEmbedding"):
+                    setattr(parent, child_name, type(child)(config))
     return model
 
 
