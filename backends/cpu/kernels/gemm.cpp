@@ -118,6 +118,15 @@ inline void dequant_b_row(const uint8_t* row_bytes, int kind, const float* scale
         _mm512_storeu_ps(out + (k - k0), _mm512_mul_ps(v, vs));
       }
 #elif defined(__AVX2__)
+      if (scale256_exact(sf)) {  // (v·2^-8)·(sf·2^8): one multiply, the same rounding as v·sf
+        const __m256 vs = _mm256_set1_ps(sf * 256.0f);
+        for (; k + 16 <= b1; k += 16) {
+          __m256 lo, hi;
+          pk::fp8x16_to_f32x2_scaled(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row_bytes + k)), &lo, &hi);
+          _mm256_storeu_ps(out + (k - k0), _mm256_mul_ps(lo, vs));
+          _mm256_storeu_ps(out + (k - k0) + 8, _mm256_mul_ps(hi, vs));
+        }
+      }
       const __m256 vs = _mm256_set1_ps(sf);
       for (; k + 8 <= b1; k += 8) {
         // v·2^-8·2^8 is exact, so one rounding happens (·sf), as in the reference's v·sf
@@ -278,6 +287,90 @@ void fma_direct(const float* Ab, int64_t lda, const uint8_t* const* rows, const 
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < NR; ++j) out[i * ldo + j] += _mm512_reduce_add_ps(c[i][j]);
 }
+#elif defined(__AVX2__)
+#define PK_FMA_DIRECT 1
+// The AVX2 form of the above: 8 lanes, the tile path's values (dequant_b_row's AVX2 branch: (v·2^-8)
+// ·2^8·sf, two multiplies, one rounding) and its fmadd order, so again the tile path's bytes. The
+// last vector of K is read through a buffer padded with zero codes and its lanes past K are
+// cleared, as the tile pads with +0 (scale blocks, g a multiple of 8 here, hold whole vectors).
+template <int R, int KIND>
+void fma_direct(const float* Ab, int64_t lda, const uint8_t* const* rows, const float* const* scales, int64_t g,
+                int64_t k0, int64_t k1, float* out, int64_t ldo) {
+  __m256 c[R][NR];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NR; ++j) c[i][j] = _mm256_setzero_ps();
+  const int64_t span = KIND == kFp8 ? g : k1 - k0;
+  const __m256 v256 = _mm256_set1_ps(256.0f);
+  for (int64_t kb = k0; kb < k1; kb += span) {
+    const int64_t ke = std::min(k1, kb + span);
+    // scales stay scalars (broadcast where used): with 4 rows the 16 accumulators need the registers
+    float sf[NR] = {}, mul[NR] = {};
+    // no lambda: the accumulators must stay in registers. fp8 values are multiplied once by sf·2^8
+    // where that is exact (one rounding either way, as in the tile), 16 values per step (one 16-byte
+    // load and conversion per B row, its two halves consumed before the next row's)
+    bool exact = true;
+    if (KIND == kFp8)
+      for (int j = 0; j < NR; ++j) {
+        sf[j] = scales[j][kb / g];
+        exact = exact && scale256_exact(sf[j]);
+        mul[j] = sf[j] * 256.0f;
+      }
+    int64_t k = kb;
+    if (KIND == kFp8 && exact)
+      for (; k + 16 <= ke; k += 16)
+        for (int j = 0; j < NR; ++j) {
+          __m256 lo, hi;
+          pk::fp8x16_to_f32x2_scaled(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k)), &lo, &hi);
+          const __m256 m = _mm256_set1_ps(mul[j]);
+          lo = _mm256_mul_ps(lo, m);
+          hi = _mm256_mul_ps(hi, m);
+          for (int i = 0; i < R; ++i) {
+            c[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(Ab + i * lda + (k - k0)), lo, c[i][j]);
+            c[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(Ab + i * lda + (k + 8 - k0)), hi, c[i][j]);
+          }
+        }
+    for (; k < ke; k += 8) {
+      const int64_t n = std::min<int64_t>(8, ke - k);
+      __m256 b[NR];
+      for (int j = 0; j < NR; ++j) {
+        if (KIND == kFp8) {
+          __m128i bytes;
+          if (n == 8) {
+            bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[j] + k));
+          } else {
+            uint8_t tail[8] = {};
+            std::memcpy(tail, rows[j] + k, static_cast<size_t>(n));
+            bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(tail));
+          }
+          const __m256 v = pk::fp8x8_to_f32_scaled(bytes);
+          b[j] = exact ? _mm256_mul_ps(v, _mm256_set1_ps(mul[j]))
+                       : _mm256_mul_ps(_mm256_mul_ps(v, v256), _mm256_set1_ps(sf[j]));
+          if (n < 8) {  // lanes past K are +0 as in the tile, whatever the scale (inf · 0 would be NaN)
+            const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            b[j] = _mm256_and_ps(b[j], _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), lane)));
+          }
+        } else {
+          const uint16_t* src = reinterpret_cast<const uint16_t*>(rows[j]) + k;
+          __m128i h;
+          if (n == 8) {
+            h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+          } else {
+            uint16_t tail[8] = {};
+            std::memcpy(tail, src, static_cast<size_t>(n) * 2);
+            h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(tail));
+          }
+          b[j] = pk::bf16x8_to_f32(h);
+        }
+      }
+      for (int i = 0; i < R; ++i) {
+        const __m256 av = _mm256_loadu_ps(Ab + i * lda + (k - k0));
+        for (int j = 0; j < NR; ++j) c[i][j] = _mm256_fmadd_ps(av, b[j], c[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NR; ++j) out[i * ldo + j] += pk::hsum(c[i][j]);
+}
 #endif
 
 // What every task of one fma_engine call shares.
@@ -323,17 +416,20 @@ void fma_task(const FmaCall& p, int64_t t, FmaScratch& sc) {
   float* part = sc.part.data();
 #ifdef PK_FMA_DIRECT
   if (p.direct && seg.rows <= MR) {
-    for (int64_t k0 = 0; k0 < K; k0 += p.kc_step) {
-      const int64_t k1 = std::min(K, k0 + p.kc_step);
-      const float* Ab = p.A + p.first[s] * k_pad + k0;
-      for (int64_t n0 = c0; n0 < c1; n0 += NR) {
-        const uint8_t* rows[NR];
-        const float* scales[NR];
-        for (int j = 0; j < NR; ++j) {
-          const int64_t n = n0 + j < c1 ? n0 + j : n0;  // past the range: a valid row, sums land in padding
-          rows[j] = bg + n * b.row_bytes;
-          scales[j] = sg ? sg + (n / b.gran_mn) * b.scale_ld : nullptr;
-        }
+    // Row groups outer, K chunks inner: each B row is streamed once from front to back (what the
+    // prefetchers follow), and every output still receives its chunks' sums in chunk order, so
+    // the bytes are those of the chunk-outer tile path.
+    for (int64_t n0 = c0; n0 < c1; n0 += NR) {
+      const uint8_t* rows[NR];
+      const float* scales[NR];
+      for (int j = 0; j < NR; ++j) {
+        const int64_t n = n0 + j < c1 ? n0 + j : n0;  // past the range: a valid row, sums land in padding
+        rows[j] = bg + n * b.row_bytes;
+        scales[j] = sg ? sg + (n / b.gran_mn) * b.scale_ld : nullptr;
+      }
+      for (int64_t k0 = 0; k0 < K; k0 += p.kc_step) {
+        const int64_t k1 = std::min(K, k0 + p.kc_step);
+        const float* Ab = p.A + p.first[s] * k_pad + k0;
         float* out = part + (n0 - c0);
         const bool fp8 = b.kind == kFp8;
         switch (seg.rows) {
@@ -397,7 +493,7 @@ void fma_task(const FmaCall& p, int64_t t, FmaScratch& sc) {
 // scale blocks of whole vectors, or bf16 (e2m1 keeps the tile path).
 inline bool direct_ok(const Operand& b) {
 #if defined(PK_FMA_DIRECT)
-  return b.kind == kBf16 || (b.kind == kFp8 && b.gran_k % 16 == 0);
+  return b.kind == kBf16 || (b.kind == kFp8 && b.gran_k % VL == 0);
 #else
   (void)b;
   return false;

@@ -227,6 +227,13 @@ inline __m256 fp8x8_to_f32_scaled(__m128i bytes8) {
   __m128i sgn = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
   return _mm256_cvtph_ps(_mm_or_si128(mag, sgn));
 }
+// 16 e4m3 bytes -> two vectors of 8 floats times 2^-8 (the fp16 trick of fp8x16_to_f32_scaled:
+// sign-extend, shift left by 7, clear bit 14; 3 integer ops for 16 values, then two conversions).
+inline void fp8x16_to_f32x2_scaled(__m128i bytes, __m256* lo, __m256* hi) {
+  const __m256i w = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7), _mm256_set1_epi16(int16_t(0xBFFF)));
+  *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(w));
+  *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(w, 1));
+}
 inline __m256 bf16x8_to_f32(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
