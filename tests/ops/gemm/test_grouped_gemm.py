@@ -304,3 +304,14 @@ def test_m_grouped_bf16_gemm_nt_masked_bad_input(name):
     build, arg = BF16_MASKED_CASES[name]
     with pytest.raises(pk.ContractError, match=arg):
         pk.m_grouped_bf16_gemm_nt_masked(*build())
+
+
+@pytest.mark.parametrize("mask", [[1, 1, 0, 0, 1, 0, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0], [1] * 8, [0, 1, 0, 1, 0, 1, 0, 1]])
+def test_zero_rows_on_cpu_is_the_masked_fill(mask):
+    from portable_kernels.ops.gemm.grouped import zero_rows
+    rows = torch.tensor(mask, dtype=torch.bool)
+    d = randn(8, 5, seed=3, dtype=torch.bfloat16)
+    want = d.masked_fill(rows[:, None], 0)
+    zero_rows(d, rows)
+    assert torch.equal(d, want)
+
