@@ -26,6 +26,7 @@ import torch
 from ...core.checks import check_bool
 from ...core.compiled import compiled_call, is_compiling
 from ...core.alignment import contiguous_alignment, padding_rows
+from ...core.native.layout_checks import m_indices_is_contiguous_layout
 from ...core.contract import (
     OpContract,
     QuantArg,
@@ -274,6 +275,8 @@ def _check_contiguous_layout(op: str, grouped_layout: Any, use_psum_layout: bool
 def _check_m_indices_values(op: str, m_indices: torch.Tensor, num_groups: int, alignment: int) -> None:
     """m_indices must be the contiguous layout of its own counts (ascending groups, each segment
     starting on a multiple of `alignment`, -1 up to the next multiple); extra -1 rows may trail."""
+    if m_indices_is_contiguous_layout(m_indices, num_groups, alignment):
+        return  # the one-pass native check agrees; on any doubt the torch check below decides
     m = m_indices.to(torch.int64)
     bad = (m < PADDING_ROW) | (m >= num_groups)
     if bool(bad.any()):
@@ -288,6 +291,8 @@ def _check_m_indices_values(op: str, m_indices: torch.Tensor, num_groups: int, a
             f"at least {want.numel()} rows: every group's rows padded to a multiple of {alignment}", _LAYOUT_FIX))
     full = torch.cat((want, want.new_full((m.numel() - want.numel(),), PADDING_ROW)))
     wrong = torch.nonzero(full != m).flatten()
+    if wrong.numel() == 0 and m_indices_is_contiguous_layout(m_indices, num_groups, alignment) is False:
+        raise AssertionError(f"{op}: the native and torch checks of m_indices disagree")  # a bug of ours
     if wrong.numel():
         row = int(wrong[0])
         raise ContractError(format_problem(
