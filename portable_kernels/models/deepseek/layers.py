@@ -9,6 +9,7 @@ product and the per-head absorption products with kv_b_proj (see docs/models.md)
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import attrs
 import torch
@@ -145,15 +146,47 @@ class Moe:
         rows = pk.expand_to_fused(x, mapping)
         a = pk.per_token_cast_to_fp8(rows, use_ue8m0=ACTIVATION_UE8M0, prepare_for=GROUPED)
         h13 = torch.empty(rows.shape[0], 2 * cfg.moe_intermediate_size, dtype=torch.bfloat16, device=x.device)
-        GROUPED(a, self.w13, h13, mapping.pos_to_expert)
+        # padding rows of h13 and y are never read (swiglu returns them as zeros, reduce reads only
+        # mapped rows), so they are not zeroed: at a decode step nearly every row is padding
+        GROUPED(a, self.w13, h13, mapping.pos_to_expert, ensure_zero_padding=False)
         act = pk.swiglu_forward_and_per_token_cast(h13, round_sf=ACTIVATION_UE8M0,
                                                    pos_to_expert=mapping.pos_to_expert, prepare_for=GROUPED)
         y = torch.empty(rows.shape[0], cfg.hidden_size, dtype=torch.bfloat16, device=x.device)
-        GROUPED(act, self.w2, y, mapping.pos_to_expert)
+        GROUPED(act, self.w2, y, mapping.pos_to_expert, ensure_zero_padding=False)
         out = pk.reduce_fused(y, topk_weights, mapping).float()
         if self.shared is not None:
             out = out + self.shared(x).float()
         return out
+
+
+HEAD_PRODUCT = pk.m_grouped_bf16_gemm_nt_masked
+
+
+@attrs.frozen
+class HeadProduct:
+    """y[t, h] = x[t, h] · W[h]ᵀ for one absorbed block of kv_b_proj, W [heads, N, K]: one masked
+    grouped bf16 GEMM (each head a group of T rows, fp32 sums rounded once to bf16) when W is exact
+    in bf16 — it is for power-of-two-scaled FP8 weights, an e4m3 value times 2^k fitting bf16 — so
+    it reads half the bytes of fp32 and gives the fp32 product's sums; else fp32 torch.einsum."""
+
+    w: torch.Tensor  # bf16 (exact) or fp32 [heads, N, K]
+
+    @staticmethod
+    def of(w: torch.Tensor, keep: Callable[[torch.Tensor, torch.dtype], torch.Tensor]) -> "HeadProduct":
+        """From the fp32 block [heads, N, K]; keep(tensor, dtype) stores (and counts) the copy kept."""
+        w = w.contiguous()
+        exact = torch.equal(w.bfloat16().float(), w)
+        return HeadProduct(keep(w, torch.bfloat16 if exact else torch.float32))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x bf16 [T, heads, K] -> bf16 [T, heads, N]."""
+        if self.w.dtype != torch.bfloat16:
+            return torch.einsum("thk,hnk->thn", x.float(), self.w).bfloat16()
+        t, heads, _ = x.shape
+        d = torch.empty(heads, t, self.w.shape[1], dtype=torch.bfloat16, device=x.device)
+        counts = torch.full((heads,), t, dtype=torch.int32, device=x.device)
+        HEAD_PRODUCT(x.bfloat16().transpose(0, 1).contiguous(), self.w, d, counts, max(t, 1))
+        return d.transpose(0, 1)
 
 
 @attrs.frozen
@@ -169,8 +202,8 @@ class Mla:
     q_b: Fp8Linear             # q_b_proj, or q_proj when q_lora_rank is None
     kv_a: Fp8Linear
     kv_a_norm: torch.Tensor
-    w_uk: torch.Tensor         # fp32 [heads, qk_nope, 512]
-    w_uv: torch.Tensor         # fp32 [heads, v_head, 512]
+    uk: HeadProduct            # W_UKᵀ [heads, 512, qk_nope]: q_nope -> latent
+    uv: HeadProduct            # W_UV [heads, v_head, 512]: latent -> v
     o_proj: Fp8Linear
 
     @property
@@ -183,15 +216,14 @@ class Mla:
         hq = x if self.q_a is None else rms_norm(self.q_a(x), self.q_a_norm, cfg.rms_norm_eps)
         q = self.q_b(hq).view(x.shape[0], cfg.num_attention_heads, cfg.qk_head_dim)
         q_nope, q_rope = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
-        q_latent = torch.einsum("thd,hdc->thc", q_nope.float(), self.w_uk)
+        q_latent = self.uk(q_nope)
         q_rope = apply_rope(q_rope, cos, sin, cfg.rope_interleave)
         kv = self.kv_a(x)
         latent, k_rope = kv.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
         entry = torch.cat([rms_norm(latent, self.kv_a_norm, cfg.rms_norm_eps).float(),
                            apply_rope(k_rope, cos, sin, cfg.rope_interleave)], dim=-1)
-        return torch.cat([q_latent, q_rope], dim=-1).bfloat16(), entry.bfloat16()
+        return torch.cat([q_latent.float(), q_rope], dim=-1).bfloat16(), entry.bfloat16()
 
     def output(self, o: torch.Tensor) -> torch.Tensor:
         """o bf16 [T, heads, 512] (attention over the latent cache) -> bf16 [T, H]."""
-        v = torch.einsum("thc,hvc->thv", o.float(), self.w_uv)
-        return self.o_proj(v.reshape(o.shape[0], -1).bfloat16())
+        return self.o_proj(self.uv(o).reshape(o.shape[0], -1))

@@ -23,7 +23,7 @@ from .cache import KV_CACHE_KINDS, PagedLatentCache
 from .checkpoint import expected_tensors, index_checkpoint, read_shards, scale_name
 from .config import DeepseekV3Config, load_config
 from .errors import ScaleFormatError, UnsupportedConfigError
-from .layers import FP8_GEMM, GROUPED, Fp8Linear, Mla, Mlp, Moe, rms_norm, rope_tables
+from .layers import FP8_GEMM, GROUPED, Fp8Linear, HeadProduct, Mla, Mlp, Moe, rms_norm, rope_tables
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +114,11 @@ def _build_layer(cfg: DeepseekV3Config, i: int, raw: dict[str, torch.Tensor], w:
         q_a_norm = w.plain(raw[f"{a}.q_a_layernorm.weight"])
         q_b = w.linear([f"{a}.q_b_proj.weight"], raw)
     kv_b = pk.dequantize(w.quant([f"{a}.kv_b_proj.weight"], raw)).float()
-    kv_b = w.plain(kv_b.view(heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank))
+    kv_b = kv_b.view(heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
+    uk = HeadProduct.of(kv_b[:, :cfg.qk_nope_head_dim].transpose(1, 2), w.plain)
+    uv = HeadProduct.of(kv_b[:, cfg.qk_nope_head_dim:], w.plain)
     attn = Mla(cfg, q_a, q_a_norm, q_b, w.linear([f"{a}.kv_a_proj_with_mqa.weight"], raw),
-               w.plain(raw[f"{a}.kv_a_layernorm.weight"]),
-               kv_b[:, :cfg.qk_nope_head_dim].contiguous(), kv_b[:, cfg.qk_nope_head_dim:].contiguous(),
-               w.linear([f"{a}.o_proj.weight"], raw))
+               w.plain(raw[f"{a}.kv_a_layernorm.weight"]), uk, uv, w.linear([f"{a}.o_proj.weight"], raw))
 
     def mlp(prefix: str) -> Mlp:
         return Mlp(w.linear([f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"], raw),
