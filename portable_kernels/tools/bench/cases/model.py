@@ -17,6 +17,7 @@ checkpoints are seeded random weights in the real on-disk format, written once i
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -95,6 +96,7 @@ def _build_decode(size: str, batch: int):
             out = hf(input_ids=ids, use_cache=True)
         token = out.logits[:, -1].argmax(-1)
         return Inputs(model=model, state=state, hf=hf, hf_cache=out.past_key_values, hf_token=token[:, None],
+                      cache_kwarg=_cache_kwarg(hf),
                       position=torch.tensor([PROMPT]), provider="models.deepseek (every op a portable_kernels op)",
                       note=_weights_note(model, hf_bytes))
     return build
@@ -104,9 +106,15 @@ def _decode_op(i: Inputs) -> object:
     return i.model.decode_step(i.state, advance=False)
 
 
+def _cache_kwarg(hf) -> str:
+    """The name HF's forward takes the KV cache under (`cache` from transformers 5.24, before it
+    `past_key_values`)."""
+    return "cache" if "cache" in inspect.signature(type(hf).forward).parameters else "past_key_values"
+
+
 @torch.inference_mode()
 def _decode_peer(i: Inputs) -> object:
-    out = i.hf(input_ids=i.hf_token, past_key_values=i.hf_cache, use_cache=True, cache_position=i.position)
+    out = i.hf(input_ids=i.hf_token, use_cache=True, cache_position=i.position, **{i.cache_kwarg: i.hf_cache})
     i.hf_cache.crop(-1)  # drop the step just added: the next call repeats it
     return out.logits[:, -1].argmax(-1)
 
