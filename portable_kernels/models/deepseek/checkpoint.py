@@ -175,14 +175,62 @@ def index_checkpoint(path: str | Path, cfg: DeepseekV3Config) -> CheckpointFiles
     return CheckpointFiles(directory, shards)
 
 
-def read_shards(files: CheckpointFiles, specs: dict[str, TensorSpec]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) shard by shard, each checked against the config as it is read."""
-    from safetensors import safe_open
+#: safetensors dtype names -> torch dtypes (https://huggingface.co/docs/safetensors: the header format)
+SAFETENSORS_DTYPES = {
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "BF16": torch.bfloat16, "F16": torch.float16,
+    "F32": torch.float32, "F64": torch.float64, "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16,
+    "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool,
+}
 
+
+def _shard_header(path: Path) -> tuple[dict, int, int]:
+    """(the header's tensor entries, the first data byte, the file size) of one safetensors file."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        length = int.from_bytes(raw, "little") if len(raw) == 8 else -1
+        if length < 2 or 8 + length > size:
+            raise CheckpointError(f"{path}: not a safetensors file (header length {length}, file {size} bytes). "
+                                  "Fix: download the shard again")
+        try:
+            header = json.loads(f.read(length))
+        except ValueError as exc:
+            raise CheckpointError(f"{path}: unreadable safetensors header ({exc}). Fix: download the shard again") \
+                from exc
+    header.pop("__metadata__", None)
+    return header, 8 + length, size
+
+
+def read_shards(files: CheckpointFiles, specs: dict[str, TensorSpec]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) shard by shard, each checked against the config as it is read.
+
+    Each tensor's bytes are read into memory of its own (plain reads, no memory map): a mapped shard
+    would count its touched pages in the process's resident set until it is closed, up to a shard
+    beyond the prepared weights at the peak."""
     for file, names in files.shards.items():
-        with safe_open(str(files.directory / file), framework="pt") as f:
+        path = files.directory / file
+        header, base, size = _shard_header(path)
+        with open(path, "rb") as f:
             for name in names:
-                tensor = f.get_tensor(name)
+                meta = header.get(name)
+                if meta is None:
+                    raise MissingTensorError(f"{path}: the index places '{name}' in this shard, but its header does "
+                                             "not list it. Fix: download the shard again")
+                dtype = SAFETENSORS_DTYPES.get(meta.get("dtype"))
+                if dtype is None:
+                    raise TensorDtypeError(f"{name}: safetensors dtype {meta.get('dtype')!r}, which torch cannot "
+                                           "hold. Fix: store it as float8_e4m3fn, bfloat16 or float32")
+                start, end = meta["data_offsets"]
+                shape = [int(d) for d in meta["shape"]]
+                nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                if not 0 <= start <= end <= size - base or end - start != nbytes:
+                    raise CheckpointError(f"{path}: '{name}' spans bytes [{start}, {end}) of a {size - base}-byte "
+                                          f"data section, expected {nbytes} bytes. Fix: download the shard again")
+                buffer = bytearray(nbytes)
+                f.seek(base + start)
+                if f.readinto(buffer) != nbytes:
+                    raise CheckpointError(f"{path}: '{name}' is cut short. Fix: download the shard again")
+                tensor = torch.frombuffer(buffer, dtype=dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
                 check_tensor(name, tensor, specs)
                 yield name, tensor
 

@@ -96,15 +96,50 @@ class _Weights:
         q = self.quant(names, raw)
         return Fp8Linear(self.prepare(FP8_GEMM, q, names[0]), q.data.shape[0])
 
-    def grouped(self, per_expert: list[list[str]], raw: dict[str, torch.Tensor]) -> pk.PreparedTensor:
-        qs = [self.quant(names, raw) for names in per_expert]
-        data = torch.stack([q.data for q in qs])
-        scale = torch.stack([q.scale for q in qs])
-        q = pk.QuantTensor(data, scale, granularity=(128, 128), ue8m0=all(x.ue8m0 for x in qs))
-        return self.prepare(GROUPED, q, per_expert[0][0])
+    def grouped(self, data: torch.Tensor, scale: torch.Tensor, name: str) -> pk.PreparedTensor:
+        """The grouped weight [E, N, K] (and its scales) that _ExpertStacks assembled."""
+        if is_power_of_two(scale) or not self.requantize:
+            q = pk.QuantTensor(data, scale, granularity=(128, 128), ue8m0=is_power_of_two(scale))
+        else:
+            qs = [self._quant(data[e], scale[e], name) for e in range(data.shape[0])]
+            q = pk.QuantTensor(torch.stack([x.data for x in qs]), torch.stack([x.scale for x in qs]),
+                               granularity=(128, 128), ue8m0=True)
+        return self.prepare(GROUPED, q, name)
 
 
-def _build_layer(cfg: DeepseekV3Config, i: int, raw: dict[str, torch.Tensor], w: _Weights) -> Layer:
+class _ExpertStacks:
+    """The routed experts' weights copied, as each is read, into one [E, N, K] buffer per layer and
+    projection ("w13": each expert's gate rows then its up rows; "w2": down), with their scales. A
+    checkpoint tensor is then dropped at once, so the loader never holds a layer's experts twice."""
+
+    PROJ = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", 0)}
+
+    def __init__(self, cfg: DeepseekV3Config):
+        self.cfg = cfg
+        self.buffers: dict[tuple[int, str, bool], torch.Tensor] = {}
+
+    def take(self, name: str, tensor: torch.Tensor) -> bool:
+        """Copy `name` into its stack when it is a routed expert's weight or scale (True), else False."""
+        parts = name.split(".")  # model.layers.{i}.mlp.experts.{e}.{proj}.weight[_scale_inv]
+        if len(parts) != 8 or parts[3:5] != ["mlp", "experts"] or parts[6] not in self.PROJ:
+            return False
+        layer, expert, (group, half) = int(parts[2]), int(parts[5]), self.PROJ[parts[6]]
+        is_scale = parts[7] != "weight"
+        key = (layer, group, is_scale)
+        buf = self.buffers.get(key)
+        if buf is None:
+            rows = tensor.shape[0] * (2 if group == "w13" else 1)
+            buf = self.buffers[key] = torch.empty(self.cfg.n_routed_experts, rows, tensor.shape[1], dtype=tensor.dtype)
+        rows = tensor.shape[0]
+        buf[expert, half * rows:(half + 1) * rows] = tensor
+        return True
+
+    def pop(self, layer: int, group: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.buffers.pop((layer, group, False)), self.buffers.pop((layer, group, True))
+
+
+def _build_layer(cfg: DeepseekV3Config, i: int, raw: dict[str, torch.Tensor], w: _Weights,
+                 stacks: _ExpertStacks) -> Layer:
     p, a, m = f"model.layers.{i}", f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
     heads = cfg.num_attention_heads
     if cfg.q_lora_rank is None:
@@ -127,10 +162,8 @@ def _build_layer(cfg: DeepseekV3Config, i: int, raw: dict[str, torch.Tensor], w:
     if not cfg.is_moe_layer(i):
         ffn: Mlp | Moe = mlp(m)
     else:
-        experts = range(cfg.n_routed_experts)
-        w13 = w.grouped([[f"{m}.experts.{e}.gate_proj.weight", f"{m}.experts.{e}.up_proj.weight"] for e in experts],
-                        raw)
-        w2 = w.grouped([[f"{m}.experts.{e}.down_proj.weight"] for e in experts], raw)
+        w13 = w.grouped(*stacks.pop(i, "w13"), f"{m}.experts.0.gate_proj.weight")
+        w2 = w.grouped(*stacks.pop(i, "w2"), f"{m}.experts.0.down_proj.weight")
         ffn = Moe(cfg, w.plain(raw[f"{m}.gate.weight"]), w.plain(raw[f"{m}.gate.e_score_correction_bias"]),
                   w13, w2, mlp(f"{m}.shared_experts") if cfg.n_shared_experts else None)
     return Layer(w.plain(raw[f"{p}.input_layernorm.weight"]), w.plain(raw[f"{p}.post_attention_layernorm.weight"]),
@@ -326,17 +359,22 @@ def load(path: str | Path, backend: str = "cpu", kv_cache: str = "bf16", *, opti
     for n, spec in specs.items():
         needed[_owner(n)] += 2 if spec.kind == "fp8" else 1
     raw: dict[int | None, dict[str, torch.Tensor]] = defaultdict(dict)
+    received: dict[int | None, int] = defaultdict(int)
+    stacks = _ExpertStacks(cfg)
     layers: dict[int, Layer] = {}
     total, seen = sum(needed.values()), 0
     with pk.use_backend(name, **opts):
         for tensor_name, tensor in read_shards(files, specs):
             owner = _owner(tensor_name)
-            raw[owner][tensor_name] = tensor
+            if not stacks.take(tensor_name, tensor):
+                raw[owner][tensor_name] = tensor
+            del tensor  # an expert's tensor lives on only in its stack
+            received[owner] += 1
             seen += 1
             if progress is not None:
                 progress(seen, total)
-            if owner is not None and len(raw[owner]) == needed[owner]:
-                layers[owner] = _build_layer(cfg, owner, raw.pop(owner), weights)
+            if owner is not None and received[owner] == needed[owner]:
+                layers[owner] = _build_layer(cfg, owner, raw.pop(owner, {}), weights, stacks)
         top = raw.pop(None)
         embed = weights.plain(top["model.embed_tokens.weight"], torch.bfloat16)
         norm = weights.plain(top["model.norm.weight"])
