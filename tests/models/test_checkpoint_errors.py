@@ -113,3 +113,41 @@ def test_every_checkpoint_error_is_a_library_error():
     for cls in (MissingTensorError, UnexpectedTensorError, TensorShapeError, TensorDtypeError, ScaleGridError,
                 ScaleFormatError, UnsupportedConfigError):
         assert issubclass(cls, PortableKernelsError) and issubclass(cls, ValueError)
+
+
+def _shards(path):
+    return sorted(path.glob("*.safetensors"))
+
+
+def test_a_shard_cut_short_is_refused_by_name(tmp_path, good):
+    from portable_kernels.models.deepseek.errors import CheckpointError
+    path = _write(tmp_path, good)
+    shard = _shards(path)[-1]
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    with pytest.raises(CheckpointError, match=shard.name) as e:
+        load(path)
+    assert "Fix: download the shard again" in str(e.value)
+
+
+def test_a_shard_that_is_not_safetensors_is_refused_by_name(tmp_path, good):
+    from portable_kernels.models.deepseek.errors import CheckpointError
+    path = _write(tmp_path, good)
+    shard = _shards(path)[0]
+    shard.write_bytes(b"\xff" * 64)
+    with pytest.raises(CheckpointError, match="not a safetensors file"):
+        load(path)
+
+
+def test_the_reader_gives_the_tensors_safetensors_gives(tmp_path, good):
+    from safetensors import safe_open
+    from portable_kernels.models.deepseek.checkpoint import expected_tensors, index_checkpoint, read_shards
+    from portable_kernels.models.deepseek.config import config_from_dict
+    path = _write(tmp_path, good)
+    cfg = config_from_dict(RAW)
+    ours = dict(read_shards(index_checkpoint(path, cfg), expected_tensors(cfg)))
+    for shard in _shards(path):
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():
+                want = f.get_tensor(name)
+                assert ours[name].dtype == want.dtype and torch.equal(ours[name].view(torch.uint8),
+                                                                       want.view(torch.uint8)), name
