@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import struct
 import threading
 from pathlib import Path
 
 import torch
 
+from portable_kernels.core.native import build as native_build
 from portable_kernels.core.native.build import I32, I64, PTR, NativeLibrary, num_threads, register_library
 from portable_kernels.core.tensors import PreparedTensor
 
@@ -376,16 +378,16 @@ ONEDNN_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX5
 
 def torch_bf16_has_hardware() -> bool:
     """Whether torch's bf16 matmul here runs on bf16 matrix hardware (AMX or AVX-512-BF16)."""
-    import os
-    from portable_kernels.core.native.build import detected_isa
     if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ONEDNN_WITHOUT_BF16:
         return False
-    return bool(detected_isa()[1] & BLAS_FIRST_WITH)
+    return bool(native_build.detected_isa()[1] & BLAS_FIRST_WITH)
 
 
-def blas_priority() -> int:
-    """torch-blas above native where torch has bf16 hardware, below it elsewhere (see BLAS_FIRST_WITH)."""
-    return PRIORITY + 10 if torch_bf16_has_hardware() else PRIORITY - 5
+def blas_priority(hardware: bool | None = None) -> int:
+    """torch-blas above native where torch has bf16 hardware, below it elsewhere (see BLAS_FIRST_WITH).
+    hardware: torch_bf16_has_hardware(), when the caller has it already."""
+    hardware = torch_bf16_has_hardware() if hardware is None else hardware
+    return PRIORITY + 10 if hardware else PRIORITY - 5
 
 
 def register(registry) -> None:
@@ -399,10 +401,11 @@ def register(registry) -> None:
     for contract in (FP8_GEMM_NT, FP8_FP4_GEMM_NT):
         registry.kernel(contract.name, BACKEND, NATIVE, priority=PRIORITY, formats=plain, dtypes=out,
                         devices=("cpu",), check=_per_row_a, doc=DOC)(fp8_gemm_nt_native)
+    hardware = torch_bf16_has_hardware()
     blas_doc = ("torch.matmul into d (the BLAS torch ships: oneDNN / MKL); bf16 d, no c; "
-                + ("first: this CPU has bf16 matrix hardware" if torch_bf16_has_hardware() else
+                + ("first: this CPU has bf16 matrix hardware" if hardware else
                    "after native: no bf16 matrix hardware here (native measured 3.0x at M>=16 on AVX2)"))
-    registry.kernel(BF16_GEMM_NT.name, BACKEND, "torch-blas", priority=blas_priority(),
+    registry.kernel(BF16_GEMM_NT.name, BACKEND, "torch-blas", priority=blas_priority(hardware),
                     dtypes={"a": (torch.bfloat16,), "b": (torch.bfloat16,), "d": (torch.bfloat16,)}, devices=("cpu",),
                     check=lambda call: [] if call.c is None else ["c is given: torch.matmul cannot add an fp32 "
                                                                   "accumulator before rounding to bf16"],
