@@ -663,17 +663,7 @@ void convert_b_panel(const BSource& b, int64_t n0, int64_t ks0, int64_t ks1, uin
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16")
 
-inline void tile_config() {
-  pk::TileConfig cfg{};
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = TM;
-    cfg.colsb[t] = 64;
-  }
-  // the intrinsic's asm names only 8 bytes of cfg as input: keep the other stores alive
-  __asm__ volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
+inline void tile_config() { pk::load_tile_config(TM); }
 
 inline void tile_release() { _tile_release(); }
 

@@ -38,16 +38,7 @@ inline void load_key(const Args& a, const uint8_t* p, uint16_t* dst) {
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16")
 
-inline void tile_config() {
-  pk::TileConfig cfg{};
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  __asm__ volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
+inline void tile_config() { pk::load_tile_config(16); }
 
 inline void tile_release() { _tile_release(); }
 

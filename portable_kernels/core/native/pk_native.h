@@ -143,6 +143,22 @@ inline bool amx_permitted() {
   }
   return state == 1;
 }
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile")
+// Tiles 0-7 configured as `rows` x 64 bytes (palette 1), the one shape the AMX engines use.
+inline void load_tile_config(int rows) {
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = uint8_t(rows);
+    cfg.colsb[t] = 64;
+  }
+  // the intrinsic's asm names only 8 bytes of cfg as input: keep the other stores alive
+  __asm__ volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+#pragma GCC pop_options
 #endif
 
 // ---- SIMD ---------------------------------------------------------------------------------------

@@ -139,8 +139,6 @@ class CheckpointFiles:
 def index_checkpoint(path: str | Path, cfg: DeepseekV3Config) -> CheckpointFiles:
     """Read the index (or the single shard's header) and refuse missing or unexpected names
     before a byte of weights is read."""
-    from safetensors import safe_open
-
     directory = Path(path)
     index = directory / INDEX_FILE
     shards: dict[str, list[str]] = {}
@@ -153,8 +151,7 @@ def index_checkpoint(path: str | Path, cfg: DeepseekV3Config) -> CheckpointFiles
             raise MissingTensorError(f"{directory}: no *.safetensors shard and no {INDEX_FILE}. Fix: point at the "
                                      "checkpoint directory")
         for file in files:
-            with safe_open(str(directory / file), framework="pt") as f:
-                shards[file] = list(f.keys())
+            shards[file] = list(_shard_header(directory / file)[0])
     missing_files = [f for f in shards if not (directory / f).is_file()]
     if missing_files:
         raise MissingTensorError(f"{INDEX_FILE} names shard(s) {missing_files} that are not in {directory}. "

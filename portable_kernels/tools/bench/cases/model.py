@@ -70,10 +70,8 @@ def _checkpoint_and_hf(size: str):
 
 def _ours(path):
     from ....models import load
-    forced = forced_backend()
-    name, options = forced if forced is not None else ("cpu", {})
-    spec = name + (":" + ",".join(f"{k}={v}" for k, v in options.items()) if options else "")
-    return load(path, backend=spec)
+    name, options = forced_backend() or ("cpu", {})
+    return load(path, backend=name, options=dict(options))
 
 
 def _weights_note(model, hf_bytes: int) -> str:
