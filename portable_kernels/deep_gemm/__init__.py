@@ -12,8 +12,14 @@ from .gemm import *  # noqa: F401,F403
 from .gemm import __all__ as _gemm_names
 from .grouped import *  # noqa: F401,F403
 from .grouped import __all__ as _grouped_names
-from .runtime import get_num_sms, set_num_sms
+from .runtime import (get_num_sms, get_pdl, get_tc_util, set_block_size_multiple_of, set_ignore_compile_dims,
+                      set_num_sms, set_pdl, set_tc_util)
 from .utils import *  # noqa: F401,F403
 from .utils import __all__ as _utils_names
 
-__all__ = [*_gemm_names, *_grouped_names, *_utils_names, "get_num_sms", "set_num_sms", "layout", "testing", "utils"]
+#: the DeepGEMM release whose public API this drop-in follows
+__version__ = "2.6.1"
+
+__all__ = [*_gemm_names, *_grouped_names, *_utils_names, "get_num_sms", "get_pdl", "get_tc_util", "layout",
+           "set_block_size_multiple_of", "set_ignore_compile_dims", "set_num_sms", "set_pdl", "set_tc_util",
+           "testing", "utils"]

@@ -1,23 +1,21 @@
-"""`deep_gemm.utils`: DeepGEMM's casts and small math helpers with its signatures and its bytes.
+"""`deep_gemm.utils.math`: DeepGEMM's casts and small math helpers with its signatures and its bytes.
 
 The casts call the semantic quantizers with convention="deep_gemm" (x * (1/sf); FP4 ties toward
 zero, zero coded +0), so data and scales are DeepGEMM's byte for byte, and return plain tuples like
 DeepGEMM's. Packed FP4 comes back as int8 (two codes per byte, even element in the low nibble);
 `use_packed_ue8m0=True` packs the scales' exponents four per int32, K-major, as DeepGEMM's casts do.
-The layout utilities (`get_tma_aligned_size`, ...) live in `deep_gemm.layout` and are re-exported here.
+The layout utilities (`get_tma_aligned_size`, ...) are `deep_gemm.utils.layout`, as upstream.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..ops.quant import fp4, fp8 as quantization
-from ..core.errors import ContractError, format_problem
-from ..layouts import pack_e2m1, unpack_e2m1, ue8m0_exponents, ue8m0_to_fp32
-from ..layouts import ceil_to_ue8m0 as _ceil_to_ue8m0
-from ..core.tensors import QuantTensor, describe
-from .layout import *  # noqa: F401,F403 - DeepGEMM's utils re-export its layout helpers
-from .layout import __all__ as _layout_names
+from ...ops.quant import fp4, fp8 as quantization
+from ...core.errors import ContractError, format_problem
+from ...layouts import pack_e2m1, unpack_e2m1, ue8m0_exponents, ue8m0_to_fp32
+from ...layouts import ceil_to_ue8m0 as _ceil_to_ue8m0
+from ...core.tensors import QuantTensor, describe
 
 CONVENTION = "deep_gemm"
 #: the scale DeepGEMM's FP4 cast pads packed scales with (2^0: exponent byte 127)
@@ -26,8 +24,8 @@ PACKED_PAD_SCALE = 1.0
 _UE8M0_MAX = 2.0 ** 127
 
 __all__ = ["ceil_div", "align", "ceil_to_ue8m0", "pack_ue8m0_to_int", "unpack_ue8m0_from_int", "per_token_cast_to_fp8",
-           "per_channel_cast_to_fp8", "per_block_cast_to_fp8", "per_token_cast_to_fp4", "transpose_packed_fp4",
-           "cast_back_from_fp4", *_layout_names]
+           "per_channel_cast_to_fp8", "per_block_cast_to_fp8", "per_custom_dims_cast_to_fp8", "per_token_cast_to_fp4",
+           "transpose_packed_fp4", "cast_back_from_fp4"]
 
 
 def ceil_div(x: int, y: int) -> int:
@@ -92,6 +90,33 @@ def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128) -
     """x [N, K] -> (fp8 [N, K], fp32 [ceil(N/gran_k), ceil(K/gran_k)]): one scale per gran_k x gran_k block."""
     _two_dims("per_block_cast_to_fp8", x)
     return tuple(quantization.per_block_cast_to_fp8(x, (gran_k, gran_k), use_ue8m0, convention=CONVENTION))
+
+
+def per_custom_dims_cast_to_fp8(x: torch.Tensor, dims: tuple, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x of any rank -> (fp8 like x, fp32 scales): one scale per index of the kept `dims`, over every
+    other dim (DeepGEMM's sf.squeeze() shape: the kept dims' sizes, size-1 dims dropped). The bytes are
+    the per-token cast's, run on x with the kept dims as rows and all the rest as one block."""
+    op = "per_custom_dims_cast_to_fp8"
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        raise ContractError(format_problem(op, "x", describe(x), "a tensor with at least one dim", "pass a tensor"))
+    kept = [d % x.dim() if isinstance(d, int) and -x.dim() <= d < x.dim() else None for d in dims]
+    if None in kept or len(set(kept)) != len(kept):
+        raise ContractError(format_problem(op, "dims", repr(dims), f"distinct dims of a {x.dim()}-D tensor",
+                                           "name each dim that keeps its own scales once"))
+    kept = sorted(kept)  # the scales keep x's dim order, as DeepGEMM's keepdim amax
+    rest = [d for d in range(x.dim()) if d not in kept]
+    moved = x.permute(*kept, *rest)
+    rows = 1
+    for d in kept:
+        rows *= x.shape[d]
+    flat = moved.reshape(rows, -1)
+    data, sf = quantization.per_token_cast_to_fp8(flat, max(flat.shape[1], 1), use_ue8m0, convention=CONVENTION)
+    inverse = [0] * x.dim()
+    for position, d in enumerate([*kept, *rest]):
+        inverse[d] = position
+    data = data.view(moved.shape).permute(*inverse).contiguous()
+    sf = sf.view([x.shape[d] if d in kept else 1 for d in range(x.dim())])
+    return data, sf.squeeze()
 
 
 def per_token_cast_to_fp4(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128,

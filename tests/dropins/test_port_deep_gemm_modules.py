@@ -1,0 +1,170 @@
+"""deep_gemm's module layout as a port imports it: `deep_gemm.utils.{math,layout,dist}`,
+`deep_gemm.testing.{numeric,bench,utils}`, the runtime settings, `per_custom_dims_cast_to_fp8`."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+import portable_kernels as pk
+from portable_kernels import deep_gemm
+from portable_kernels.core.errors import ContractError
+from portable_kernels.testing.ep_distributed import run_ranks
+
+FP8_MAX = 448.0
+
+
+@pytest.mark.parametrize("path", ["utils.math", "utils.layout", "utils.dist", "testing.numeric", "testing.bench",
+                                  "testing.utils"])
+def test_upstream_submodule_paths_import(path):
+    module = importlib.import_module(f"portable_kernels.deep_gemm.{path}")
+    for name in module.__all__:
+        assert callable(getattr(module, name)), f"{path}.{name}"
+
+
+def test_top_level_names_are_the_submodules_own():
+    assert deep_gemm.utils.math.per_token_cast_to_fp8 is deep_gemm.per_token_cast_to_fp8
+    assert deep_gemm.utils.per_block_cast_to_fp8 is deep_gemm.per_block_cast_to_fp8
+    assert deep_gemm.utils.layout.get_mn_major_tma_aligned_tensor is deep_gemm.get_mn_major_tma_aligned_tensor
+    assert deep_gemm.testing.calc_diff is deep_gemm.testing.numeric.calc_diff
+
+
+@pytest.mark.parametrize("dims,use_ue8m0", [((0,), False), ((2, 0), True), ((1,), True), ((-1,), False)])
+def test_per_custom_dims_cast_keeps_one_scale_per_kept_index(dims, use_ue8m0):
+    torch.manual_seed(5)
+    x = torch.randn(6, 5, 40) * torch.linspace(0.1, 30, 40)  # each kept index gets its own amax
+    data, sf = deep_gemm.per_custom_dims_cast_to_fp8(x, dims, use_ue8m0)
+    kept = sorted(d % 3 for d in dims)
+    assert data.dtype == torch.float8_e4m3fn and data.shape == x.shape
+    assert sf.dtype == torch.float32 and sf.shape == tuple(x.shape[d] for d in kept)
+    reduce = [d for d in range(3) if d not in kept]
+    amax = x.abs().amax(dim=reduce, keepdim=True).clamp(min=1e-4)
+    full_sf = sf.view([x.shape[d] if d in kept else 1 for d in range(3)])
+    if use_ue8m0:
+        assert torch.equal(full_sf.log2(), full_sf.log2().round()), "ue8m0 scales are powers of two"
+        assert bool((full_sf >= amax / FP8_MAX).all())
+    else:
+        torch.testing.assert_close(full_sf, amax / FP8_MAX)
+    assert float(data.float().abs().max()) <= FP8_MAX
+    assert pk.calc_diff(data.float() * full_sf, x) < 1e-3
+
+
+def test_per_custom_dims_cast_bytes_are_the_per_token_casts_on_the_kept_rows():
+    torch.manual_seed(6)
+    x = torch.randn(8, 3, 256, dtype=torch.bfloat16)
+    data, sf = deep_gemm.per_custom_dims_cast_to_fp8(x, (0, 1), False)
+    flat_data, flat_sf = deep_gemm.per_token_cast_to_fp8(x.reshape(24, 256), False, gran_k=256)
+    assert torch.equal(data.reshape(24, 256).view(torch.uint8), flat_data.view(torch.uint8))
+    assert torch.equal(sf.reshape(24), flat_sf.reshape(24))
+
+
+@pytest.mark.parametrize("dims", [(3,), (0, 0), ("0",)])
+def test_per_custom_dims_cast_refuses_dims_it_cannot_keep(dims):
+    with pytest.raises(ContractError, match="dims"):
+        deep_gemm.per_custom_dims_cast_to_fp8(torch.randn(4, 8, 16), dims, False)
+
+
+def test_assert_bitwise_equal_passes_equal_bytes_and_names_the_first_difference():
+    torch.manual_seed(7)
+    x = torch.randn(4, 6)
+    deep_gemm.testing.assert_bitwise_equal(x, x.clone())
+    y = x.clone()
+    y[2, 3] = torch.nextafter(y[2, 3], torch.tensor(float("inf")))
+    with pytest.raises(AssertionError, match=r"coord \(2, 3\)"):
+        deep_gemm.testing.assert_bitwise_equal(x, y, "d")
+    with pytest.raises(AssertionError, match="dtype"):
+        deep_gemm.testing.assert_bitwise_equal(x, x.double())
+    nan = torch.full((3,), float("nan"))
+    deep_gemm.testing.assert_bitwise_equal(nan, nan.clone())  # bytes, not values: NaN equals itself
+
+
+def test_bench_kineto_returns_seconds_per_name_and_one_under_nvidia_tools(monkeypatch):
+    calls = []
+    monkeypatch.delenv("DG_USE_NVIDIA_TOOLS", raising=False)
+    single = deep_gemm.testing.bench_kineto(lambda: calls.append(1), "gemm", num_tests=4)
+    pair = deep_gemm.testing.bench_kineto(lambda: calls.append(1), ("gemm", "reduce"), num_tests=3,
+                                          suppress_kineto_output=True)
+    assert isinstance(single, float) and single > 0 and len(pair) == 2 and pair[0] == pair[1] > 0
+    assert len(calls) == (1 + 4) + (1 + 3)
+    monkeypatch.setenv("DG_USE_NVIDIA_TOOLS", "1")
+    assert deep_gemm.testing.bench_kineto(lambda: calls.append(1), ("a", "b")) == (1, 1)
+    assert len(calls) == 9, "under NVIDIA tools fn is not run"
+    with pytest.raises(TypeError, match="kernel_names"):
+        deep_gemm.testing.bench_kineto(lambda: None, ["gemm"])
+    assert deep_gemm.testing.bench(lambda: calls.append(1), num_warmups=2, num_tests=3) > 0
+
+
+def test_test_filter_runs_or_skips_and_ignore_env_restores(monkeypatch, capsys):
+    ran = []
+
+    @deep_gemm.testing.test_filter(lambda: deep_gemm.testing.get_arch_major() == 9)
+    def on_sm90():
+        ran.append("sm90")
+
+    @deep_gemm.testing.test_filter(lambda: deep_gemm.testing.get_arch_major() == 10)
+    def on_sm100():
+        ran.append("sm100")
+
+    on_sm90()
+    on_sm100()
+    assert ran == ["sm90"] and "Filtered" in capsys.readouterr().out
+    with pk.use_backend("nvidia", arch="sm100"):
+        on_sm100()
+    assert ran == ["sm90", "sm100"]
+
+    monkeypatch.setenv("DG_JIT_USE_NVRTC", "1")
+    seen = []
+
+    @deep_gemm.testing.ignore_env("DG_JIT_USE_NVRTC", lambda: True)
+    def body():
+        seen.append(os.environ.get("DG_JIT_USE_NVRTC"))
+        raise RuntimeError("inside")
+
+    with pytest.raises(RuntimeError):
+        body()
+    assert seen == [None] and os.environ["DG_JIT_USE_NVRTC"] == "1"
+
+
+def test_runtime_settings_read_back_as_deep_gemm_and_nominal_sms_per_arch():
+    deep_gemm.set_num_sms(0)  # another test may have left a count set, as DeepGEMM keeps it
+    assert deep_gemm.get_num_sms() == 132
+    with pk.use_backend("nvidia", arch="sm100"):
+        assert deep_gemm.get_num_sms() == 148
+        deep_gemm.set_num_sms(deep_gemm.get_num_sms() - 20)  # what DeepGEMM's tests do
+        assert deep_gemm.get_num_sms() == 128
+    assert deep_gemm.get_num_sms() == 128, "the count set stays set, as in DeepGEMM"
+    deep_gemm.set_num_sms(0)
+    assert deep_gemm.get_num_sms() == 132
+    with pytest.raises(ContractError, match="new_num_sms"):
+        deep_gemm.set_num_sms(133)
+    deep_gemm.set_tc_util(60)
+    assert deep_gemm.get_tc_util() == 60
+    deep_gemm.set_tc_util(0)
+    assert deep_gemm.get_tc_util() == 100
+    with pytest.raises(ContractError, match="new_tc_util"):
+        deep_gemm.set_tc_util(101)
+    deep_gemm.set_pdl(True)
+    assert deep_gemm.get_pdl() is True
+    deep_gemm.set_pdl(False)
+    deep_gemm.set_ignore_compile_dims(True)
+    deep_gemm.set_block_size_multiple_of((64, 32))
+    for bad in (0, 1.5, (64,), "64"):
+        with pytest.raises(ContractError, match="new_value"):
+            deep_gemm.set_block_size_multiple_of(bad)
+
+
+def uneven_gather_body(rank, num_ranks, group):
+    part = torch.arange(rank + 1, dtype=torch.float32).view(-1, 1).repeat(1, 3) + 10 * rank
+    return deep_gemm.utils.uneven_all_gather(part, group=group)
+
+
+def test_uneven_all_gather_concatenates_every_ranks_rows_in_rank_order():
+    outcomes = run_ranks(2, uneven_gather_body, timeout_s=120)
+    assert all(o.ok for o in outcomes), "\n".join(o.describe() for o in outcomes)
+    expected = torch.cat([torch.arange(r + 1, dtype=torch.float32).view(-1, 1).repeat(1, 3) + 10 * r
+                          for r in range(2)])
+    for o in outcomes:
+        assert torch.equal(o.value, expected)
