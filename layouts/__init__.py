@@ -3,7 +3,7 @@
 Rule: this package imports torch and the standard library only, and every conversion is exact —
 anything lossy raises LayoutConversionError. Modules: `ue8m0` (exponent-only scales),
 `fp8_scales` (SM90 / SM100 / Ascend MX scale layouts), `fp4` (E2M1 codes and nibble packing),
-`nz` (Ascend FRACTAL_NZ tiles), `moe` (grouped-GEMM row layouts), `kv_cache` (FlashMLA FP8 cache);
+`nz` (Ascend FRACTAL_NZ tiles), `moe` (grouped-GEMM row layouts), `kv_cache` (FlashMLA FP8 cache), `indexer_cache` (DeepGEMM's paged FP8 indexer-key cache);
 `format` (the `Format` value and `PLAIN`), `nvidia` (`SM90`, `SM100`) and `ascend` (`ASCEND_MX_KMAJOR`,
 `ASCEND_MX`, `ASCEND_MX_NZ`, `ASCEND_BF16_VALUES`, `ASCEND_FP32_VALUES`): one Format object per operand
 byte format, composed from the functions above.
@@ -67,6 +67,13 @@ from .fp8_scales import (
     tma_aligned_mn,
     ue8m0_words_to_fp32,
 )
+from .indexer_cache import (
+    INDEXER_SCALE_BYTES,
+    dequantize_indexer_cache,
+    indexer_cache_views,
+    pack_indexer_cache,
+    quantize_indexer_keys,
+)
 from .kv_cache import (
     ascend_kv_to_flashmla,
     dequantize_fp8_kv_cache,
@@ -120,6 +127,12 @@ __all__ = [
     "TMA_ALIGN_BYTES",
     # errors
     "LayoutConversionError",
+    # indexer_cache
+    "INDEXER_SCALE_BYTES",
+    "dequantize_indexer_cache",
+    "indexer_cache_views",
+    "pack_indexer_cache",
+    "quantize_indexer_keys",
     # formats
     "ASCEND_BF16_VALUES",
     "ASCEND_FP32_VALUES",

@@ -535,3 +535,22 @@ def _varlen(seed: int) -> Call:
     v = randn(21, 2, 32, seed=seed + 2, dtype=torch.bfloat16)
     cu_q, cu_k = torch.tensor([0, 5, 14], dtype=torch.int32), torch.tensor([0, 12, 21], dtype=torch.int32)
     return (q, k, v, cu_q, cu_k, 9, 12), {"causal": True}
+
+
+@case("fp8_mqa_logits", "6 queries x 40 keys, 8 heads, context-parallel ranges, bf16 logits")
+def _mqa_logits(seed: int) -> Call:
+    from portable_kernels.testing.indexer_cases import cp_ranges, quantized_queries
+    q = quantized_queries(6, 8, 32, seed=seed)
+    kv = pk.layouts.quantize_indexer_keys(randn(36, 32, seed=seed + 1))
+    ks, ke = cp_ranges(6, 36, True)
+    return ((q, None), kv, randn(6, 8, seed=seed + 2), ks, ke), {"logits_dtype": torch.bfloat16}
+
+
+@case("fp8_paged_mqa_logits", "3 ragged sequences, next_n 2, shuffled blocks of 16")
+def _paged_mqa_logits(seed: int) -> Call:
+    from portable_kernels.testing.indexer_cases import build_indexer_cache, paged_context_lens, quantized_queries
+    cache, table = build_indexer_cache((40, 3, 17), 16, 32, seed=seed)
+    lens = paged_context_lens((40, 3, 17), 2)
+    meta = pk.get_paged_mqa_logits_metadata(lens, 16, 4)
+    return (quantized_queries(3, 2, 8, 32, seed=seed + 1), cache, randn(6, 8, seed=seed + 2), lens, table, meta,
+            44), {"clean_logits": True}
