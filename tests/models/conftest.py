@@ -16,7 +16,8 @@ from portable_kernels.models.deepseek.reference import hf_model  # noqa: E402
 PUBLISHED_YARN = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
                   "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
 CONFIGS = {"q_lora": tiny_config(q_lora_rank=256), "no_q_lora": tiny_config(q_lora_rank=None),
-           "yarn": dict(tiny_config(q_lora_rank=256), rope_scaling=PUBLISHED_YARN)}
+           "yarn": dict(tiny_config(q_lora_rank=256), rope_scaling=PUBLISHED_YARN),
+           "v32": tiny_config(model="v3.2")}
 
 
 @pytest.fixture(scope="session")

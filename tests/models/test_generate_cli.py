@@ -75,3 +75,15 @@ def test_prefill_and_decode_steps_are_generate_and_a_repeated_step_changes_nothi
     with pytest.raises(pk.ContractError, match="cache is full"):
         for _ in range(200):
             model.decode_step(state)
+
+
+def test_generate_model_v32_writes_and_runs_a_v32_checkpoint(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PK_MODEL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run.json"
+    rc = main(["generate", "--model", "v3.2", "--prompt-len", "30", "--tokens", "3", "--kv-cache", "fp8",
+               "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["model"] == "v3.2" and r["implicit_conversions"] == 0 and len(r["new_token_ids"][0]) == 3
+    assert r["agreement_with_hf_eager"]["median_position_calc_diff"] < 3e-2
+    assert "DeepSeek-V3.2 architecture" in capsys.readouterr().out

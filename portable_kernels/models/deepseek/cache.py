@@ -12,6 +12,7 @@ import math
 import torch
 
 from ...flash_mla import quantize_k_cache
+from ...layouts.indexer_cache import INDEXER_SCALE_BYTES, indexer_cache_views, quantize_indexer_keys
 
 PAGE_SIZE = 64
 ENTRY_BF16 = 576
@@ -22,7 +23,8 @@ KV_CACHE_KINDS = ("bf16", "fp8")
 class PagedLatentCache:
     """One block table for all layers; one page pool per layer."""
 
-    def __init__(self, num_layers: int, capacity: list[int], kind: str = "bf16", seed: int = 0):
+    def __init__(self, num_layers: int, capacity: list[int], kind: str = "bf16", seed: int = 0,
+                 index_head_dim: int | None = None):
         if kind not in KV_CACHE_KINDS:
             raise ValueError(f"kv_cache is {kind!r}; expected one of {KV_CACHE_KINDS}")
         self.kind = kind
@@ -42,6 +44,10 @@ class PagedLatentCache:
         shape = (total, PAGE_SIZE, 1, ENTRY_BF16 if kind == "bf16" else ENTRY_FP8_BYTES)
         dtype = torch.bfloat16 if kind == "bf16" else torch.uint8
         self.pages = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        #: DeepSeek-V3.2: per layer the indexer's FP8 keys, DeepGEMM's paged layout on the same pages
+        self.index_pages = [] if index_head_dim is None else [
+            torch.zeros(total, PAGE_SIZE, 1, index_head_dim + INDEXER_SCALE_BYTES, dtype=torch.uint8)
+            for _ in range(num_layers)]
 
     @property
     def is_fp8(self) -> bool:
@@ -59,6 +65,20 @@ class PagedLatentCache:
             rows = entries
         self.pages[layer][page, offset, 0] = rows
 
+    def write_index_keys(self, layer: int, batch: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor) -> None:
+        """keys fp32 [T, D] of tokens at (batch, position), quantized per token (layouts.indexer_cache)."""
+        page, offset = self.slots(batch, positions)
+        values, scales = indexer_cache_views(self.index_pages[layer])
+        data, sf = quantize_indexer_keys(keys)
+        values[page, offset] = data
+        scales[page, offset] = sf
+
+    def cache_slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """int32 flat slots (page * PAGE_SIZE + offset) of (batch, position); -1 where position is -1."""
+        valid = positions >= 0
+        page, offset = self.slots(batch, positions.clamp(min=0))
+        return torch.where(valid, page * PAGE_SIZE + offset, -1).to(torch.int32)
+
     @property
     def nbytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.pages)
+        return sum(p.numel() * p.element_size() for p in self.pages + self.index_pages)

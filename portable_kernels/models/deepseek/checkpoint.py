@@ -54,6 +54,17 @@ def _mlp(prefix: str, hidden: int, inter: int) -> dict[str, TensorSpec]:
             f"{prefix}.down_proj.weight": TensorSpec((hidden, inter), "fp8")}
 
 
+def _indexer(prefix: str, cfg: DeepseekV3Config) -> dict[str, TensorSpec]:
+    """DeepSeek-V3.2's indexer: wq_b and wk FP8 (as the published checkpoint), k_norm a LayerNorm
+    (weight and fp32 bias), weights_proj a bf16 matrix (DeepSeek keeps it in the default dtype)."""
+    ix = cfg.indexer
+    return {f"{prefix}.wq_b.weight": TensorSpec((ix.n_heads * ix.head_dim, cfg.q_lora_rank), "fp8"),
+            f"{prefix}.wk.weight": TensorSpec((ix.head_dim, cfg.hidden_size), "fp8"),
+            f"{prefix}.k_norm.weight": TensorSpec((ix.head_dim,), "norm"),
+            f"{prefix}.k_norm.bias": TensorSpec((ix.head_dim,), "bias"),
+            f"{prefix}.weights_proj.weight": TensorSpec((ix.n_heads, cfg.hidden_size), "bf16")}
+
+
 def expected_tensors(cfg: DeepseekV3Config) -> dict[str, TensorSpec]:
     """Every weight name of a DeepSeek-V3 checkpoint with this config (scales not listed: each
     'fp8' weight has one more tensor, `scale_name(name)`)."""
@@ -77,6 +88,8 @@ def expected_tensors(cfg: DeepseekV3Config) -> dict[str, TensorSpec]:
         specs[f"{a}.kv_b_proj.weight"] = TensorSpec(
             (heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank), "fp8")
         specs[f"{a}.o_proj.weight"] = TensorSpec((h, heads * cfg.v_head_dim), "fp8")
+        if cfg.indexer is not None:
+            specs.update(_indexer(f"{a}.indexer", cfg))
         m = f"{p}.mlp"
         if not cfg.is_moe_layer(i):
             specs.update(_mlp(m, h, cfg.intermediate_size))
@@ -235,8 +248,24 @@ def read_shards(files: CheckpointFiles, specs: dict[str, TensorSpec]) -> Iterato
 # ---------------------------------------------------------------------------------------------
 # Writer: a seeded random-weight checkpoint in exactly this format.
 
-def tiny_config(q_lora_rank: int | None = 256, num_hidden_layers: int = 3, vocab_size: int = 512) -> dict:
-    """A DeepSeek-V3-architecture config scaled down (MLA widths kept: the kernels need 512 + 64)."""
+#: the tiny V3.2 indexer: 128-wide heads as published (64 rotated), a top-k far below the test
+#: sequences so the selection decides what attention sees
+TINY_INDEXER = {"index_n_heads": 8, "index_head_dim": 128, "index_topk": 24}
+
+
+def tiny_config(q_lora_rank: int | None = 256, num_hidden_layers: int = 3, vocab_size: int = 512,
+                model: str = "v3") -> dict:
+    """A DeepSeek-V3 (model="v3") or V3.2 ("v3.2") architecture config scaled down (MLA widths
+    kept: the kernels need 512 + 64)."""
+    raw = _tiny_v3(q_lora_rank, num_hidden_layers, vocab_size)
+    if model == "v3.2":
+        raw.update(architectures=["DeepseekV32ForCausalLM"], model_type="deepseek_v32", **TINY_INDEXER)
+    elif model != "v3":
+        raise ValueError(f"model is {model!r}; expected 'v3' or 'v3.2'")
+    return raw
+
+
+def _tiny_v3(q_lora_rank: int | None, num_hidden_layers: int, vocab_size: int) -> dict:
     return {
         "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
         "vocab_size": vocab_size, "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,

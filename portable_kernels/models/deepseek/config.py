@@ -78,6 +78,12 @@ class DeepseekV3Config:
     rope_interleave: bool
     tie_word_embeddings: bool
     rope_yarn: YarnRope | None = None  # None: the default RoPE
+    #: DeepSeek-V3.2's lightning indexer (DeepSeek Sparse Attention); None for V3
+    indexer: IndexerConfig | None = None
+
+    @property
+    def is_v32(self) -> bool:
+        return self.indexer is not None
 
     @property
     def qk_head_dim(self) -> int:
@@ -85,6 +91,42 @@ class DeepseekV3Config:
 
     def is_moe_layer(self, layer: int) -> bool:
         return layer >= self.first_k_dense_replace
+
+
+@attrs.frozen
+class IndexerConfig:
+    """DeepSeek-V3.2's indexer: index_n_heads query heads of index_head_dim channels (the first
+    qk_rope_head_dim rotated, half-split as Hugging Face does), one key head; each query attends to
+    the index_topk keys of highest indexer score."""
+
+    n_heads: int
+    head_dim: int
+    topk: int
+
+
+#: model_type -> the architecture it names
+MODEL_TYPES = {"deepseek_v3": "DeepSeek-V3", "deepseek_v32": "DeepSeek-V3.2"}
+#: DeepSelect's (and this library's topk's) largest k
+MAX_INDEX_TOPK = 4096
+
+
+def _indexer(raw: dict[str, Any]) -> IndexerConfig | None:
+    if raw.get("model_type") != "deepseek_v32":
+        return None
+    if raw.get("q_lora_rank") is None:
+        raise _refuse("q_lora_rank", None, "a q_lora_rank for DeepSeek-V3.2 (its indexer reads the q_a latent)",
+                      "use DeepSeek-V3.2's config (q_lora_rank 1536)")
+    cfg = IndexerConfig(int(raw.get("index_n_heads", 64)), int(raw.get("index_head_dim", 128)),
+                        int(raw.get("index_topk", 2048)))
+    d = cfg.head_dim
+    if d & (d - 1) or d < int(raw["qk_rope_head_dim"]) or d > 256:
+        raise _refuse("index_head_dim", d, f"a power of two in [{raw['qk_rope_head_dim']}, 256] (the Hadamard "
+                      "rotation before the FP8 cast needs a power of two)", "use DeepSeek-V3.2's 128")
+    if not 1 <= cfg.topk <= MAX_INDEX_TOPK:
+        raise _refuse("index_topk", cfg.topk, f"1..{MAX_INDEX_TOPK} (the top-k op's range)", "use 2048 as V3.2")
+    if cfg.n_heads < 1:
+        raise _refuse("index_n_heads", cfg.n_heads, "a positive count", "use 64 as V3.2")
+    return cfg
 
 
 def _refuse(key: str, given: Any, expected: str, fix: str) -> UnsupportedConfigError:
@@ -126,8 +168,9 @@ def _rope(raw: dict[str, Any]) -> tuple[float, YarnRope | None]:
 
 def config_from_dict(raw: dict[str, Any]) -> DeepseekV3Config:
     """Validate config.json's dict and keep the fields the model reads."""
-    if raw.get("model_type") != "deepseek_v3":
-        raise _refuse("model_type", raw.get("model_type"), "'deepseek_v3'", "point at a DeepSeek-V3 checkpoint")
+    if raw.get("model_type") not in MODEL_TYPES:
+        raise _refuse("model_type", raw.get("model_type"), "'deepseek_v3' or 'deepseek_v32'",
+                      "point at a DeepSeek-V3 or V3.2 checkpoint")
     quant = raw.get("quantization_config")
     if not quant or quant.get("quant_method") != "fp8":
         raise _refuse("quantization_config.quant_method", (quant or {}).get("quant_method"), "'fp8'",
@@ -165,6 +208,7 @@ def config_from_dict(raw: dict[str, Any]) -> DeepseekV3Config:
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta,
         rope_interleave=bool(raw.get("rope_interleave", True)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), rope_yarn=rope_yarn,
+        indexer=_indexer(raw),
     )
     if raw.get("num_key_value_heads", cfg.num_attention_heads) != cfg.num_attention_heads:
         raise _refuse("num_key_value_heads", raw.get("num_key_value_heads"), "num_attention_heads (MLA)",

@@ -29,6 +29,10 @@ def add_parser(sub: Any, func: Any) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", metavar="DIR", default=None,
                    help="a Hugging Face-style DeepSeek-V3 FP8 checkpoint (default: the cached random one)")
+    p.add_argument("--model", choices=("v3", "v3.2"), default="v3",
+                   help="architecture of the random checkpoint written when --checkpoint is not given: v3, or "
+                        "v3.2 (the lightning indexer selecting each query's keys, then sparse MLA); a given "
+                        "checkpoint's config.json decides by its model_type")
     p.add_argument("--backend", default="cpu",
                    help="NAME[:k=v,...], e.g. cpu, nvidia:arch=sm90, ascend:soc=950 (on CPU tensors a non-cpu "
                         "backend runs in emulation)")
@@ -84,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive int")
     parse_backend(args.backend)
     t0 = time.perf_counter()
-    path = Path(args.checkpoint) if args.checkpoint else cached_random_checkpoint(tiny_config(), seed=args.seed)
+    path = Path(args.checkpoint) if args.checkpoint else cached_random_checkpoint(tiny_config(model=args.model),
+                                                                                      seed=args.seed)
     written = time.perf_counter() - t0
 
     def progress(done: int, total: int) -> None:
@@ -104,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     emulated = model.backend != "cpu"
     rep = model.load_report
     result: dict[str, Any] = {
-        "checkpoint": str(path), "backend": model.backend_label, "emulated_on_cpu": emulated,
+        "checkpoint": str(path), "model": "v3.2" if model.config.is_v32 else "v3",
+        "backend": model.backend_label, "emulated_on_cpu": emulated,
         "kv_cache": args.kv_cache, "prompt_ids": ids.tolist(), "new_token_ids": new.tolist(),
         "load_s": rep.seconds, "checkpoint_bytes": rep.checkpoint_bytes,
         "load_gb_per_s": rep.checkpoint_bytes / rep.seconds / 1e9, "weight_bytes": rep.weight_bytes,
@@ -124,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 def _print(r: dict[str, Any]) -> None:
     label = r["backend"] + (" (emulated on cpu tensors: correctness, not that chip's speed)"
                             if r["emulated_on_cpu"] else "")
-    print(f"checkpoint: {r['checkpoint']}")
+    print(f"checkpoint: {r['checkpoint']} (DeepSeek-{r['model'].upper()} architecture)")
     print(f"backend: {label}; kv cache {r['kv_cache']}; torch threads {torch.get_num_threads()}")
     print(f"load: {r['load_s'] * 1e3:.0f} ms for {r['checkpoint_bytes'] / 2**20:.2f} MiB "
           f"({r['load_gb_per_s']:.3f} GB/s of checkpoint)")
@@ -145,6 +151,7 @@ def _print(r: dict[str, Any]) -> None:
     if "skipped" in a:
         print(f"agreement with HF eager: skipped ({a['skipped']})")
         return
-    print(f"agreement with HF eager DeepseekV3ForCausalLM (dequantized weights, fp32): logits calc_diff "
+    hf_class = "DeepseekV32ForCausalLM" if r["model"] == "v3.2" else "DeepseekV3ForCausalLM"
+    print(f"agreement with HF eager {hf_class} (dequantized weights, fp32): logits calc_diff "
           f"{a['logits_calc_diff']:.2e} (median per position {a['median_position_calc_diff']:.2e}); "
           f"HF's argmax equals our token at {a['hf_argmax_equals_our_token']}/{a['tokens']} steps")

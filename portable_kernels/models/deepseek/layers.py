@@ -205,13 +205,16 @@ class Mla:
     uk: HeadProduct            # W_UKᵀ [heads, 512, qk_nope]: q_nope -> latent
     uv: HeadProduct            # W_UV [heads, v_head, 512]: latent -> v
     o_proj: Fp8Linear
+    indexer: "Indexer | None" = None  # DeepSeek-V3.2
 
     @property
     def softmax_scale(self) -> float:
         return softmax_scale(self.cfg)
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x bf16 [T, H] -> (q bf16 [T, heads, 576], cache entries bf16 [T, 576])."""
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x bf16 [T, H] -> (q bf16 [T, heads, 576], cache entries bf16 [T, 576], the q latent
+        bf16 [T, q_lora_rank] (x itself without q_lora) that V3.2's indexer reads)."""
         cfg = self.cfg
         hq = x if self.q_a is None else rms_norm(self.q_a(x), self.q_a_norm, cfg.rms_norm_eps)
         q = self.q_b(hq).view(x.shape[0], cfg.num_attention_heads, cfg.qk_head_dim)
@@ -222,8 +225,65 @@ class Mla:
         latent, k_rope = kv.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
         entry = torch.cat([rms_norm(latent, self.kv_a_norm, cfg.rms_norm_eps).float(),
                            apply_rope(k_rope, cos, sin, cfg.rope_interleave)], dim=-1)
-        return torch.cat([q_latent.float(), q_rope], dim=-1).bfloat16(), entry.bfloat16()
+        return torch.cat([q_latent.float(), q_rope], dim=-1).bfloat16(), entry.bfloat16(), hq
 
     def output(self, o: torch.Tensor) -> torch.Tensor:
         """o bf16 [T, heads, 512] (attention over the latent cache) -> bf16 [T, H]."""
         return self.o_proj(self.uv(o).reshape(o.shape[0], -1))
+
+
+def hadamard(d: int) -> torch.Tensor:
+    """fp32 [d, d] Walsh-Hadamard matrix / sqrt(d) (d a power of two): orthogonal, so it keeps every
+    q·k and spreads outliers across channels before the FP8 cast (DeepSeek-V3.2's rotate_activation)."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h * d ** -0.5
+
+
+#: the indexer's query scales: UE8M0 per (token, head), as DeepSeek-V3.2's act_quant (scale_fmt ue8m0)
+INDEX_Q_UE8M0 = True
+
+
+@attrs.frozen
+class Indexer:
+    """DeepSeek-V3.2's lightning indexer. Keys: LayerNorm(wk · x), half-split RoPE on the first
+    qk_rope_head_dim channels, Hadamard-rotated, cached as FP8 with one fp32 scale per token
+    (layouts.indexer_cache). Queries: wq_b · q_latent per head, the same RoPE and rotation, FP8 with
+    a power-of-two scale per (token, head) folded into the head weights
+    weights_proj(x) · n_heads^-0.5 · head_dim^-0.5. Scores (fp8_mqa_logits / fp8_paged_mqa_logits)
+    sum_h relu(q_h · k) · weight_h; each query keeps its index_topk best keys (topk)."""
+
+    cfg: DeepseekV3Config
+    wq_b: Fp8Linear
+    wk: Fp8Linear
+    k_norm_weight: torch.Tensor   # fp32 [D]
+    k_norm_bias: torch.Tensor     # fp32 [D]
+    weights_proj: torch.Tensor    # bf16 [n_heads, hidden]
+    rotation: torch.Tensor        # fp32 [D, D] (hadamard)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, (heads,) D] -> fp32: RoPE (half-split) on the leading rope channels, then Hadamard."""
+        rope = self.cfg.qk_rope_head_dim
+        x = x.float()
+        rotated = torch.cat([apply_rope(x[..., :rope], cos, sin, interleave=False), x[..., rope:]], dim=-1)
+        return rotated @ self.rotation
+
+    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x bf16 [T, hidden] -> fp32 [T, D] keys (to be cached FP8)."""
+        k = self.wk(x).float()
+        k = torch.nn.functional.layer_norm(k, (k.shape[-1],), self.k_norm_weight, self.k_norm_bias, 1e-6)
+        return self._rotate(k.bfloat16(), cos, sin)
+
+    def queries(self, q_latent: torch.Tensor, x: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (q float8_e4m3fn [T, n_heads, D], weights fp32 [T, n_heads]) for the logits ops."""
+        ix = self.cfg.indexer
+        t = x.shape[0]
+        q = self._rotate(self.wq_b(q_latent).view(t, ix.n_heads, ix.head_dim).bfloat16(), cos, sin)
+        qq = pk.per_token_cast_to_fp8(q.reshape(t * ix.n_heads, ix.head_dim), gran_k=ix.head_dim,
+                                      use_ue8m0=INDEX_Q_UE8M0)
+        w = torch.empty(t, ix.n_heads, dtype=torch.float32, device=x.device)
+        pk.bf16_gemm_nt(x.bfloat16(), self.weights_proj, w)
+        w = w * (ix.n_heads ** -0.5 * ix.head_dim ** -0.5) * qq.scale.view(t, ix.n_heads)
+        return qq.data.view(t, ix.n_heads, ix.head_dim), w.contiguous()

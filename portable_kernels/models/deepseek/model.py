@@ -17,13 +17,14 @@ import attrs
 import torch
 
 import portable_kernels as pk
-from portable_kernels.layouts import is_power_of_two
+from portable_kernels.layouts import indexer_cache_views, is_power_of_two
 
-from .cache import KV_CACHE_KINDS, PagedLatentCache
+from .cache import KV_CACHE_KINDS, PAGE_SIZE, PagedLatentCache
 from .checkpoint import expected_tensors, index_checkpoint, read_shards, scale_name
 from .config import DeepseekV3Config, load_config
 from .errors import ScaleFormatError, UnsupportedConfigError
-from .layers import FP8_GEMM, GROUPED, Fp8Linear, HeadProduct, Mla, Mlp, Moe, rms_norm, rope_tables
+from .layers import (FP8_GEMM, GROUPED, Fp8Linear, HeadProduct, Indexer, Mla, Mlp, Moe, hadamard, rms_norm,
+                     rope_tables)
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,14 @@ def _build_layer(cfg: DeepseekV3Config, i: int, raw: dict[str, torch.Tensor], w:
     kv_b = kv_b.view(heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
     uk = HeadProduct.of(kv_b[:, :cfg.qk_nope_head_dim].transpose(1, 2), w.plain)
     uv = HeadProduct.of(kv_b[:, cfg.qk_nope_head_dim:], w.plain)
+    indexer = None
+    if cfg.indexer is not None:
+        ix = f"{a}.indexer"
+        indexer = Indexer(cfg, w.linear([f"{ix}.wq_b.weight"], raw), w.linear([f"{ix}.wk.weight"], raw),
+                          w.plain(raw[f"{ix}.k_norm.weight"]), w.plain(raw[f"{ix}.k_norm.bias"]),
+                          w.plain(raw[f"{ix}.weights_proj.weight"], torch.bfloat16), hadamard(cfg.indexer.head_dim))
     attn = Mla(cfg, q_a, q_a_norm, q_b, w.linear([f"{a}.kv_a_proj_with_mqa.weight"], raw),
-               w.plain(raw[f"{a}.kv_a_layernorm.weight"]), uk, uv, w.linear([f"{a}.o_proj.weight"], raw))
+               w.plain(raw[f"{a}.kv_a_layernorm.weight"]), uk, uv, w.linear([f"{a}.o_proj.weight"], raw), indexer)
 
     def mlp(prefix: str) -> Mlp:
         return Mlp(w.linear([f"{prefix}.gate_proj.weight", f"{prefix}.up_proj.weight"], raw),
@@ -215,21 +222,81 @@ class DeepseekV3:
         q_pad = torch.zeros(len(counts) * s_q, cfg.num_attention_heads, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
                             dtype=torch.bfloat16)
         h = self.embed[torch.cat(tokens)].float()
+        step = _Step(counts, s_q, starts, batch, positions, slot)
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.attn_norm, cfg.rms_norm_eps)
-            q, entry = layer.attn.project(x, cos, sin)
+            q, entry, hq = layer.attn.project(x, cos, sin)
             cache.write(i, batch, positions, entry)
-            q_pad[slot] = q
-            k_cache = cache.pages[i]
-            o, _ = pk.flash_mla_with_kvcache(q_pad.view(len(counts), s_q, cfg.num_attention_heads, -1), k_cache,
-                                             cache.block_table, cache.seqlens, cfg.kv_lora_rank, meta, splits,
-                                             softmax_scale=layer.attn.softmax_scale, causal=True,
-                                             is_fp8_kvcache=cache.is_fp8)
-            h = h + layer.attn.output(o.reshape(len(counts) * s_q, cfg.num_attention_heads, -1)[slot]).float()
+            if layer.attn.indexer is not None:
+                o = self._sparse_attention(i, layer.attn, cache, step, q, x, hq, cos, sin)
+            else:
+                q_pad[slot] = q
+                o, _ = pk.flash_mla_with_kvcache(q_pad.view(len(counts), s_q, cfg.num_attention_heads, -1),
+                                                 cache.pages[i], cache.block_table, cache.seqlens, cfg.kv_lora_rank,
+                                                 meta, splits, softmax_scale=layer.attn.softmax_scale, causal=True,
+                                                 is_fp8_kvcache=cache.is_fp8)
+                o = o.reshape(len(counts) * s_q, cfg.num_attention_heads, -1)[slot]
+            h = h + layer.attn.output(o).float()
             h = h + layer.mlp(rms_norm(h, layer.mlp_norm, cfg.rms_norm_eps)).float()
             if hook is not None:
                 hook(i, h)
         return rms_norm(h, self.norm, cfg.rms_norm_eps)
+
+    def _index_positions(self, layer: int, attn: Mla, cache: PagedLatentCache, step: "_Step", x: torch.Tensor,
+                         hq: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """DeepSeek-V3.2's selection: int64 [T, index_topk] key positions each query attends to
+        (-1 past the keys it can see). A step that starts every sequence empty (a prefill) scores its
+        own keys with fp8_mqa_logits (compressed: column j = key j of the query's sequence); any
+        other step reads the paged indexer cache with fp8_paged_mqa_logits."""
+        ix = attn.indexer
+        topk = self.config.indexer.topk
+        cache.write_index_keys(layer, step.batch, step.positions, ix.keys(x, cos, sin))
+        q, weights = ix.queries(hq, x, cos, sin)
+        visible = (step.positions + 1).to(torch.int32)
+        if step.fresh:
+            values, scales = indexer_cache_views(cache.index_pages[layer])
+            page, offset = cache.slots(step.batch, step.positions)
+            offsets = torch.tensor([0] + step.counts[:-1]).cumsum(0).to(torch.int32)[step.batch]
+            logits = pk.fp8_mqa_logits(q, (values[page, offset].contiguous(), scales[page, offset].contiguous()),
+                                       weights, offsets, offsets + visible, clean_logits=False,
+                                       max_seqlen_k=max(step.counts))
+            _, picked = pk.topk(logits, topk, end=visible, idx_oob_fill_value=-1)
+            return picked
+        b = len(step.counts)
+        q_pad = torch.zeros(b * step.s_q, *q.shape[1:], dtype=q.dtype)
+        w_pad = torch.zeros(b * step.s_q, q.shape[1], dtype=torch.float32)
+        lens = torch.zeros(b * step.s_q, dtype=torch.int32)
+        q_pad[step.slot], w_pad[step.slot], lens[step.slot] = q, weights, visible
+        lens = lens.view(b, step.s_q)
+        meta = pk.get_paged_mqa_logits_metadata(lens, PAGE_SIZE, INDEXER_SCHEDULE_WORKERS)
+        logits = pk.fp8_paged_mqa_logits(q_pad.view(b, step.s_q, *q.shape[1:]), cache.index_pages[layer], w_pad,
+                                         lens, cache.block_table, meta, int(cache.seqlens.max()))
+        _, picked = pk.topk(logits, topk, end=lens.view(-1), idx_oob_fill_value=-1)
+        return picked[step.slot]
+
+    def _sparse_attention(self, layer: int, attn: Mla, cache: PagedLatentCache, step: "_Step", q: torch.Tensor,
+                          x: torch.Tensor, hq: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """MLA over the selected keys only -> bf16 [T, heads, 512]: sparse flash_mla_with_kvcache on
+        the FP8 cache (FlashMLA's sparse decode), flash_mla_sparse_fwd on the bf16 cache's pages."""
+        cfg = self.config
+        positions = self._index_positions(layer, attn, cache, step, x, hq, cos, sin)
+        slots = cache.cache_slots(step.batch[:, None].expand_as(positions), positions)
+        topk = slots.shape[1]
+        if not cache.is_fp8:
+            kv = cache.pages[layer].view(-1, 1, cache.pages[layer].shape[-1])
+            return pk.flash_mla_sparse_fwd(q, kv, slots.view(-1, 1, topk), attn.softmax_scale,
+                                           cfg.kv_lora_rank)[0]
+        b = len(step.counts)
+        idx = torch.full((b * step.s_q, topk), -1, dtype=torch.int32)
+        idx[step.slot] = slots
+        q_pad = torch.zeros(b * step.s_q, *q.shape[1:], dtype=q.dtype)
+        q_pad[step.slot] = q
+        meta, splits = pk.get_mla_metadata(cache.seqlens, step.s_q * cfg.num_attention_heads, 1,
+                                           cfg.num_attention_heads, True, topk)
+        o, _ = pk.flash_mla_with_kvcache(q_pad.view(b, step.s_q, *q.shape[1:]), cache.pages[layer], None, None,
+                                         cfg.kv_lora_rank, meta, splits, softmax_scale=attn.softmax_scale,
+                                         is_fp8_kvcache=True, indices=idx.view(b, step.s_q, topk))
+        return o.reshape(b * step.s_q, *o.shape[2:])[step.slot]
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         d = torch.empty(x.shape[0], self.config.vocab_size, dtype=torch.float32)
@@ -237,7 +304,9 @@ class DeepseekV3:
         return d
 
     def _cache(self, lengths: list[int], extra: int) -> PagedLatentCache:
-        return PagedLatentCache(len(self.layers), [n + extra for n in lengths], self.kv_cache, self.cache_seed)
+        index_dim = None if self.config.indexer is None else self.config.indexer.head_dim
+        return PagedLatentCache(len(self.layers), [n + extra for n in lengths], self.kv_cache, self.cache_seed,
+                                index_dim)
 
     @staticmethod
     def _lengths(input_ids: torch.Tensor, lengths: torch.Tensor | list[int] | None) -> list[int]:
@@ -328,6 +397,27 @@ class DeepseekV3:
         self.last_timings = {"prefill_s": prefill, "prefill_tokens": state.prompt_tokens, "decode_step_s": steps,
                              "batch": input_ids.shape[0]}
         return new
+
+
+#: workers the paged indexer schedule is split for (get_paged_mqa_logits_metadata's num_sms)
+INDEXER_SCHEDULE_WORKERS = 8
+
+
+@attrs.frozen
+class _Step:
+    """Where one forward step's tokens go: counts per sequence, the padded query width s_q, each
+    sequence's length before the step, and per token its sequence, position and padded row."""
+
+    counts: list[int]
+    s_q: int
+    starts: torch.Tensor
+    batch: torch.Tensor
+    positions: torch.Tensor
+    slot: torch.Tensor
+
+    @property
+    def fresh(self) -> bool:
+        return not bool(self.starts.any())
 
 
 @attrs.define

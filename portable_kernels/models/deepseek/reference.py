@@ -1,4 +1,5 @@
-"""Hugging Face transformers' eager DeepseekV3ForCausalLM on a checkpoint's DEQUANTIZED weights:
+"""Hugging Face transformers' eager DeepseekV3ForCausalLM (DeepseekV32ForCausalLM for a V3.2
+checkpoint) on a checkpoint's DEQUANTIZED weights:
 the independent reference of the tests and of `generate`'s agreement line (needs transformers).
 
 One rule: nothing of our model code is used here; only the checkpoint reader and the library's
@@ -59,11 +60,13 @@ def hf_model(path: str | Path, dtype: torch.dtype = torch.float32, empty_init: b
     """DeepseekV3ForCausalLM (eager attention) holding the checkpoint's dequantized weights.
     empty_init: build it on the meta device and take the loaded tensors as its parameters (what
     from_pretrained does), instead of initialising random weights first."""
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    import transformers
 
     raw = json.loads((Path(path) / "config.json").read_text())
     kwargs = {k: v for k, v in raw.items() if k not in ("quantization_config", "architectures", "torch_dtype")}
-    config = DeepseekV3Config(**kwargs)
+    family = "DeepseekV32" if raw.get("model_type") == "deepseek_v32" else "DeepseekV3"
+    DeepseekV3ForCausalLM = getattr(transformers, f"{family}ForCausalLM")
+    config = getattr(transformers, f"{family}Config")(**kwargs)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     if empty_init:
