@@ -11,34 +11,15 @@ as `set_num_sms(get_num_sms() - 20)` behaves as it would on that GPU.
 
 from __future__ import annotations
 
-import torch
-
 from ..core.checks import check_int
 from ..core.errors import ContractError, format_problem
-from ..core.registry import forced_backend
-
-#: SMs of the reference GPU of each architecture (H800 / H100 SXM: 132; B200: 148)
-NOMINAL_SMS = {9: 132, 10: 148}
+from ..core.device_sms import NOMINAL_SMS, device_num_sms, emulated_arch_major  # noqa: F401  (re-exported)
 
 _settings: dict[str, int | bool | tuple[int, int] | None] = {
     "num_sms": 0, "tc_util": 0, "pdl": False, "ignore_compile_dims": False, "block_size_multiple_of": None}
 
-
-def arch_major() -> int:
-    """9 (SM90) or 10 (SM100): use_backend("nvidia", arch=...) if set, else the CUDA device's, else 9."""
-    forced = forced_backend()
-    if forced is not None and forced[0] == "nvidia" and "arch" in forced[1]:
-        return 10 if forced[1]["arch"] == "sm100" else 9
-    if torch.cuda.is_available():
-        return 10 if torch.cuda.get_device_capability()[0] == 10 else 9
-    return 9
-
-
-def device_num_sms() -> int:
-    """The CUDA device's multiprocessor count; without one, NOMINAL_SMS of the emulated architecture."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return NOMINAL_SMS[arch_major()]
+#: 9 (SM90) or 10 (SM100): the architecture DeepGEMM's layout utilities and tests target
+arch_major = emulated_arch_major
 
 
 def set_num_sms(new_num_sms: int) -> None:

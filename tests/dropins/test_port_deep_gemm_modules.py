@@ -168,3 +168,38 @@ def test_uneven_all_gather_concatenates_every_ranks_rows_in_rank_order():
                           for r in range(2)])
     for o in outcomes:
         assert torch.equal(o.value, expected)
+
+
+def _indexer_call():
+    from portable_kernels.testing.indexer_cases import cp_ranges, quantized_queries
+    q = quantized_queries(8, 32, 64, seed=21)
+    kv = deep_gemm.per_custom_dims_cast_to_fp8(torch.randn(64, 64, generator=torch.Generator().manual_seed(22)),
+                                               (0,), False)
+    weights = torch.randn(8, 32, generator=torch.Generator().manual_seed(23))
+    return q, kv, weights, *cp_ranges(8, 64, True)
+
+
+def test_mqa_logits_names_are_the_portable_op_under_deep_gemms_signatures():
+    q, kv, weights, ks, ke = _indexer_call()
+    want = pk.fp8_mqa_logits(q, kv, weights, ks, ke)
+    assert torch.equal(deep_gemm.fp8_mqa_logits(q, kv, weights, ks, ke), want)
+    got = deep_gemm.fp8_fp4_mqa_logits((q, None), kv, weights, ks, ke, logits_dtype=torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and got.stride(0) * 2 % 1024 == 0
+    valid = want != float("-inf")
+    assert pk.calc_diff(got.float().masked_fill(~valid, 0), want.masked_fill(~valid, 0)) < 3e-5
+    with pytest.raises(ContractError, match="FP4 queries"):
+        deep_gemm.fp8_fp4_mqa_logits((q, torch.ones(8, 32, dtype=torch.int32)), kv, weights, ks, ke)
+
+
+def test_paged_mqa_logits_legacy_form_and_metadata():
+    from portable_kernels.testing.indexer_cases import build_indexer_cache, paged_context_lens, quantized_queries
+    cache, table = build_indexer_cache((70, 9), 64, 64, seed=31)
+    lens = paged_context_lens((70, 9), 2)
+    q = quantized_queries(2, 2, 32, 64, seed=32)
+    weights = torch.randn(4, 32, generator=torch.Generator().manual_seed(33))
+    meta = deep_gemm.get_paged_mqa_logits_metadata(lens, 64, deep_gemm.get_num_sms())
+    assert meta.shape == (deep_gemm.get_num_sms() + 1, 2) and meta.dtype == torch.int32
+    got = deep_gemm.fp8_paged_mqa_logits(q, cache, weights, lens, table, meta, 72)
+    want = pk.fp8_paged_mqa_logits(q, cache, weights, lens, table, meta, 72)
+    valid = torch.arange(72)[None, :] < lens.reshape(-1, 1)
+    assert got.dtype == torch.float32 and torch.equal(got[valid], want[valid])
