@@ -28,6 +28,7 @@ from portable_kernels.ops.topk import reject_nan
 
 from .. import chips
 from ..vendor import gemm as npu_gemm, grouped as npu_grouped, mla as npu_mla, moe as npu_moe, quant as npu_quant, topk as npu_topk, runtime
+from ..vendor import indexer as npu_indexer
 
 PROVIDER = "torch_npu"
 PRIORITY = 10
@@ -427,6 +428,25 @@ def _register_mla(registry: Registry) -> None:
            doc="npu_sparse_flash_attention over every position, dense bf16 (Ascend 950)")(_mla("sfa"))
 
 
+# -- lightning indexer ------------------------------------------------------------------------------------------
+
+def _indexer(kind: str) -> Callable[[Any], None]:
+    def run(call: Any) -> None:
+        _npu()  # the matmuls are torch_npu's: fail clearly if torch_npu vanished
+        native_fp8 = call_chip(call) == "950"
+        (npu_indexer.mqa_logits if kind == "mqa" else npu_indexer.paged_mqa_logits)(call, native_fp8)
+    return run
+
+
+def _register_indexer(registry: Registry) -> None:
+    # no CANN op returns the logits (npu_(quant_)lightning_indexer fuse the top-k): torch ops on the NPU
+    doc = ("FP8 -> fp32, torch_npu matmul, relu, batched matmul over heads (CANN's lightning indexer returns "
+           "top-k indices only: vendor.indexer.lightning_indexer_topk)")
+    for op, kind in (("fp8_mqa_logits", "mqa"), ("fp8_paged_mqa_logits", "paged")):
+        registry.kernel(op, "ascend", PROVIDER, priority=PRIORITY, devices=("npu", "cpu"),
+                        check=_on(chips.CHIPS, "torch_npu's matmul"), doc=doc)(_indexer(kind))
+
+
 # -- not mapped ------------------------------------------------------------------------------------------------
 
 def register(registry: Registry) -> None:
@@ -436,3 +456,4 @@ def register(registry: Registry) -> None:
     _register_casts(registry)
     _register_selection(registry)
     _register_mla(registry)
+    _register_indexer(registry)

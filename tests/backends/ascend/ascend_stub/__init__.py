@@ -2,11 +2,11 @@
 
 `make_stand_in(soc)` returns an object with the attributes of the `torch_npu` module the providers
 use (`npu_quant_matmul`, `npu_dynamic_mx_quant`, `npu_grouped_matmul`, the attention and MoE ops,
-`npu_format_cast`, the MC2 pair `npu_moe_distribute_dispatch_v2` / `combine_v2` over a
-torch.distributed group (mc2.py), dtype ids, `npu.get_soc_version()`), each implemented in plain torch on CPU
-tensors from the documentation's formulas (docs/ascend.md, *Sources*), raising `StandInError` on
-every documented constraint it checks. It proves our calls follow the documented contract; it does
-not prove what an NPU computes.
+`npu_quant_lightning_indexer` (indexer.py), `npu_format_cast`, the MC2 pair
+`npu_moe_distribute_dispatch_v2` / `combine_v2` over a torch.distributed group (mc2.py), dtype ids,
+`npu.get_soc_version()`), each implemented in plain torch on CPU tensors from the documentation's
+formulas (docs/ascend.md, *Sources*), raising `StandInError` on every documented constraint it
+checks. It proves our calls follow the documented contract; it does not prove what an NPU computes.
 
 It is deliberately NOT a package named `torch_npu`: torch autoloads device backends through the
 `torch.backends` entry point, and a fake `torch_npu` on sys.path could be picked up by that (or by
@@ -22,6 +22,7 @@ from ._common import FLOAT4_E2M1FN_X2, FLOAT8_E8M0FNU, HIFLOAT8, SOC_VERSIONS, S
 from .attention import FusedInferAttention, KvQuantSparseFlashAttention, SparseFlashAttention
 from .formats import FormatCast
 from .grouped import GroupedMatmul
+from .indexer import QuantLightningIndexer
 from .mc2 import CombineV2, DispatchV2, register_group
 from .moe import MoeGatingTopK
 from .quant import DynamicMxQuant, DynamicMxQuantWithoutLowBound, QuantMatmul
@@ -57,6 +58,7 @@ class StandIn:
         self.npu_sparse_flash_attention = SparseFlashAttention(self)
         self.npu_kv_quant_sparse_flash_attention = KvQuantSparseFlashAttention(self)
         self.npu_moe_gating_top_k = MoeGatingTopK(self)
+        self.npu_quant_lightning_indexer = QuantLightningIndexer(self)
         self.npu_moe_distribute_dispatch_v2 = DispatchV2(self)
         self.npu_moe_distribute_combine_v2 = CombineV2(self)
 
