@@ -44,6 +44,9 @@ def add_parser(sub: Any, func: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random checkpoint and prompt")
     p.add_argument("--requantize-ue8m0", action="store_true",
                    help="re-quantize non-power-of-two weight scales for backends whose Format needs UE8M0")
+    p.add_argument("--ep", type=int, default=1, metavar="N",
+                   help="run the routed experts expert-parallel over N local processes (Gloo; attention "
+                        "replicated), and compare the tokens with the single-process run")
     p.add_argument("--no-reference", action="store_true", help="skip the Hugging Face comparison")
     p.add_argument("--json", metavar="FILE", default=None, help="also write token ids, timings and agreement")
     p.set_defaults(func=func)
@@ -83,7 +86,7 @@ def _agreement(path: Path, model: Any, ids: torch.Tensor, new: torch.Tensor) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("batch", "prompt_len", "tokens"):
+    for name in ("batch", "prompt_len", "tokens", "ep"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive int")
     parse_backend(args.backend)
@@ -98,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"\rload [{bar:<30}] {done}/{total} tensors", end="\n" if done == total else "",
                   file=sys.stderr, flush=True)
 
+    if args.ep > 1:
+        return _run_ep(args, path)
     pk.reset_implicit_conversions()
     model = load(path, backend=args.backend, kv_cache=args.kv_cache, requantize_to_ue8m0=args.requantize_ue8m0,
                  progress=progress)
@@ -125,6 +130,53 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0 if conversions == 0 else 1
+
+
+def ep_rank(rank: int, num_ranks: int, group: Any, path: str, backend: str, kv_cache: str, ids: torch.Tensor,
+            tokens: int) -> dict[str, Any]:
+    """One rank of `generate --ep N` (a run_ranks target): load with the group, generate."""
+    pk.reset_implicit_conversions()
+    model = load(path, backend=backend, kv_cache=kv_cache, ep_group=group)
+    new = model.generate(ids, tokens)
+    steps = model.last_timings["decode_step_s"]
+    return {"new_token_ids": new, "prefill_s": model.last_timings["prefill_s"], "decode_step_s": steps,
+            "implicit_conversions": pk.implicit_conversions(),
+            "expert_bytes": sum(m.w13.data.numel() + m.w2.data.numel() for m in
+                                (layer.mlp for layer in model.layers) if hasattr(m, "w13"))}
+
+
+def _run_ep(args: argparse.Namespace, path: Path) -> int:
+    from ...testing.ep_distributed import run_ranks
+
+    single = load(path, backend=args.backend, kv_cache=args.kv_cache)
+    ids = _prompt(args, single.config.vocab_size)
+    want = single.generate(ids, args.tokens)
+    outcomes = run_ranks(args.ep, ep_rank, (str(path), args.backend, args.kv_cache, ids, args.tokens),
+                         timeout_s=600)
+    failed = [o.describe() for o in outcomes if not o.ok]
+    if failed:
+        print("\n".join(failed), file=sys.stderr)
+        return 1
+    r = outcomes[0].value
+    same_on_ranks = all(torch.equal(o.value["new_token_ids"], r["new_token_ids"]) for o in outcomes)
+    equal = int((r["new_token_ids"] == want).sum())
+    steps = r["decode_step_s"]
+    print(f"checkpoint: {path}; expert parallel over {args.ep} Gloo ranks (routed experts split "
+          f"{single.config.n_routed_experts // args.ep} per rank; attention replicated)")
+    print(f"prefill: {r['prefill_s'] * 1e3:.1f} ms; decode: median "
+          f"{statistics.median(steps) * 1e3 if steps else 0:.1f} ms/step")
+    for row, ids_row in enumerate(r["new_token_ids"].tolist()):
+        print(f"tokens[{row}]: {' '.join(map(str, ids_row))}")
+    print(f"every rank generated the same tokens: {'yes' if same_on_ranks else 'NO'}; equal to the single-process "
+          f"run at {equal}/{want.numel()} positions (each rank's partial expert sum is rounded to bf16 before "
+          "the combine, so near-ties can flip; docs/ep.md)")
+    print(f"implicit conversions: {max(o.value['implicit_conversions'] for o in outcomes)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ep": args.ep, "new_token_ids": r["new_token_ids"].tolist(),
+                                               "single_process_token_ids": want.tolist(),
+                                               "equal_positions": equal, "same_on_every_rank": same_on_ranks},
+                                              indent=1))
+    return 0 if same_on_ranks else 1
 
 
 def _print(r: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ product and the per-head absorption products with kv_b_proj (see docs/models.md)
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 import torch
@@ -130,8 +130,9 @@ class Moe:
     router: torch.Tensor        # fp32 [E, H]
     bias: torch.Tensor          # fp32 [E]
     w13: pk.PreparedTensor      # [E, 2I, H]: each expert's gate rows, then its up rows
-    w2: pk.PreparedTensor       # [E, H, I]
+    w2: pk.PreparedTensor       # [E, H, I] (this rank's E / N experts under expert parallelism)
     shared: Mlp | None
+    ep: Any = None              # models.deepseek.ep.ExpertParallel, or None: every expert here
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
@@ -140,9 +141,20 @@ class Moe:
                                 routed_scaling_factor=cfg.routed_scaling_factor, normalize=cfg.norm_topk_prob)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
         topk_idx, topk_weights = self.route(x)
-        mapping = pk.get_fused_mapping(topk_idx, cfg.n_routed_experts)
+        if self.ep is None:
+            out = self.experts(x, topk_idx, topk_weights, self.cfg.n_routed_experts)
+        else:
+            out = self.ep.moe(x, topk_idx, topk_weights, self.experts)
+        if self.shared is not None:
+            out = out + self.shared(x).float()
+        return out
+
+    def experts(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                num_experts: int) -> torch.Tensor:
+        """sum_k w_k · expert_k(x) over the experts this layer holds (ids 0..num_experts-1; -1: none) -> fp32."""
+        cfg = self.cfg
+        mapping = pk.get_fused_mapping(topk_idx, num_experts)
         rows = pk.expand_to_fused(x, mapping)
         a = pk.per_token_cast_to_fp8(rows, use_ue8m0=ACTIVATION_UE8M0, prepare_for=GROUPED)
         h13 = torch.empty(rows.shape[0], 2 * cfg.moe_intermediate_size, dtype=torch.bfloat16, device=x.device)
@@ -153,10 +165,7 @@ class Moe:
                                                    pos_to_expert=mapping.pos_to_expert, prepare_for=GROUPED)
         y = torch.empty(rows.shape[0], cfg.hidden_size, dtype=torch.bfloat16, device=x.device)
         GROUPED(act, self.w2, y, mapping.pos_to_expert, ensure_zero_padding=False)
-        out = pk.reduce_fused(y, topk_weights, mapping).float()
-        if self.shared is not None:
-            out = out + self.shared(x).float()
-        return out
+        return pk.reduce_fused(y, topk_weights, mapping).float()
 
 
 HEAD_PRODUCT = pk.m_grouped_bf16_gemm_nt_masked

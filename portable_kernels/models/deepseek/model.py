@@ -22,6 +22,7 @@ from portable_kernels.layouts import indexer_cache_views, is_power_of_two
 from .cache import KV_CACHE_KINDS, PAGE_SIZE, PagedLatentCache
 from .checkpoint import expected_tensors, index_checkpoint, read_shards, scale_name
 from .config import DeepseekV3Config, load_config
+from .ep import ExpertParallel
 from .errors import ScaleFormatError, UnsupportedConfigError
 from .layers import (FP8_GEMM, GROUPED, Fp8Linear, HeadProduct, Indexer, Mla, Mlp, Moe, hadamard, rms_norm,
                      rope_tables)
@@ -140,7 +141,7 @@ class _ExpertStacks:
 
 
 def _build_layer(cfg: DeepseekV3Config, i: int, raw: dict[str, torch.Tensor], w: _Weights,
-                 stacks: _ExpertStacks) -> Layer:
+                 stacks: _ExpertStacks, ep: ExpertParallel | None = None) -> Layer:
     p, a, m = f"model.layers.{i}", f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
     heads = cfg.num_attention_heads
     if cfg.q_lora_rank is None:
@@ -169,10 +170,11 @@ def _build_layer(cfg: DeepseekV3Config, i: int, raw: dict[str, torch.Tensor], w:
     if not cfg.is_moe_layer(i):
         ffn: Mlp | Moe = mlp(m)
     else:
-        w13 = w.grouped(*stacks.pop(i, "w13"), f"{m}.experts.0.gate_proj.weight")
-        w2 = w.grouped(*stacks.pop(i, "w2"), f"{m}.experts.0.down_proj.weight")
+        local = slice(None) if ep is None else ep.local_experts
+        w13 = w.grouped(*(t[local] for t in stacks.pop(i, "w13")), f"{m}.experts.0.gate_proj.weight")
+        w2 = w.grouped(*(t[local] for t in stacks.pop(i, "w2")), f"{m}.experts.0.down_proj.weight")
         ffn = Moe(cfg, w.plain(raw[f"{m}.gate.weight"]), w.plain(raw[f"{m}.gate.e_score_correction_bias"]),
-                  w13, w2, mlp(f"{m}.shared_experts") if cfg.n_shared_experts else None)
+                  w13, w2, mlp(f"{m}.shared_experts") if cfg.n_shared_experts else None, ep)
     return Layer(w.plain(raw[f"{p}.input_layernorm.weight"]), w.plain(raw[f"{p}.post_attention_layernorm.weight"]),
                  attn, ffn)
 
@@ -430,10 +432,13 @@ class DecodeState:
 
 
 def load(path: str | Path, backend: str = "cpu", kv_cache: str = "bf16", *, options: dict[str, Any] | None = None,
-         requantize_to_ue8m0: bool = False, progress: Callable[[int, int], None] | None = None) -> DeepseekV3:
+         requantize_to_ue8m0: bool = False, progress: Callable[[int, int], None] | None = None,
+         ep_group: Any = None) -> DeepseekV3:
     """Read a DeepSeek-V3 FP8 checkpoint directory shard by shard, prepare every weight once for
     `backend` ('cpu', 'nvidia:arch=sm90', 'ascend:soc=950', ...; on CPU tensors a non-cpu backend
-    runs in emulation), and return the model. `kv_cache`: 'bf16' or 'fp8' (FlashMLA's 656-byte rows)."""
+    runs in emulation), and return the model. `kv_cache`: 'bf16' or 'fp8' (FlashMLA's 656-byte rows).
+    `ep_group`: a torch.distributed group to run the routed experts expert-parallel over (every rank
+    calls load and then the same logits / generate calls; models.deepseek.ep)."""
     if kv_cache not in KV_CACHE_KINDS:
         raise UnsupportedConfigError(f"kv_cache is {kv_cache!r}; expected one of {KV_CACHE_KINDS}. "
                                      "Fix: pass kv_cache='bf16' or 'fp8'")
@@ -451,6 +456,7 @@ def load(path: str | Path, backend: str = "cpu", kv_cache: str = "bf16", *, opti
     raw: dict[int | None, dict[str, torch.Tensor]] = defaultdict(dict)
     received: dict[int | None, int] = defaultdict(int)
     stacks = _ExpertStacks(cfg)
+    ep = None if ep_group is None else ExpertParallel.create(ep_group, cfg.n_routed_experts)
     layers: dict[int, Layer] = {}
     total, seen = sum(needed.values()), 0
     with pk.use_backend(name, **opts):
@@ -464,7 +470,7 @@ def load(path: str | Path, backend: str = "cpu", kv_cache: str = "bf16", *, opti
             if progress is not None:
                 progress(seen, total)
             if owner is not None and received[owner] == needed[owner]:
-                layers[owner] = _build_layer(cfg, owner, raw.pop(owner, {}), weights, stacks)
+                layers[owner] = _build_layer(cfg, owner, raw.pop(owner, {}), weights, stacks, ep)
         top = raw.pop(None)
         embed = weights.plain(top["model.embed_tokens.weight"], torch.bfloat16)
         norm = weights.plain(top["model.norm.weight"])

@@ -1,0 +1,67 @@
+"""Expert parallelism for the model: each rank of a torch.distributed group holds 1/N of every MoE
+layer's routed experts; tokens go to the ranks of their experts by `ep.Buffer.dispatch` and come
+back weighted and summed by `Buffer.combine` (DeepEP's normal mode, as DeepSeek's inference uses it).
+
+One rule, and what it leaves out: attention, the dense layers, the router and the shared experts
+run replicated on every rank over the whole batch (no data-parallel attention), so every rank
+computes the same tokens and needs no gather; only the routed experts' weights and compute are
+divided. Every step (prefill and decode) uses the normal dispatch — the low-latency pair is not
+wired in yet. Gloo on CPU here; NCCL/HCCL where the group has them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import torch
+
+from ...ops import ep as pk_ep
+from .errors import UnsupportedConfigError
+
+#: the normal-mode staging budget per rank (bytes one dispatch/combine may move)
+DEFAULT_EP_BYTES = 1 << 28
+
+
+@attrs.define
+class ExpertParallel:
+    """The group, this rank's slice of the experts, and the Buffer that moves the tokens."""
+
+    group: Any
+    rank: int
+    num_ranks: int
+    num_experts: int
+    buffer: Any
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.num_experts // self.num_ranks
+
+    @property
+    def local_experts(self) -> slice:
+        return slice(self.rank * self.num_local_experts, (self.rank + 1) * self.num_local_experts)
+
+    @staticmethod
+    def create(group: Any, num_experts: int, num_bytes: int = DEFAULT_EP_BYTES) -> "ExpertParallel":
+        import torch.distributed as dist
+
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        if num_experts % size:
+            raise UnsupportedConfigError(f"n_routed_experts = {num_experts} does not split over {size} ranks. Fix: "
+                                         "use an expert-parallel size that divides the expert count")
+        return ExpertParallel(group, rank, size, num_experts, pk_ep.Buffer(group, num_bytes, 0))
+
+    def moe(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+            experts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
+        """sum_k w_k · expert_k(x) for every token, the experts computed on the ranks that hold them:
+        `experts(rows, local_topk_idx, weights, num_local_experts)` runs this rank's share. fp32 [T, H]."""
+        per_rank, _, per_expert, in_rank, _ = self.buffer.get_dispatch_layout(topk_idx, self.num_experts)
+        recv_x, recv_idx, recv_w, _, handle, _ = self.buffer.dispatch(
+            x.bfloat16().contiguous(), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_weights)
+        if recv_x.shape[0]:
+            local = experts(recv_x, recv_idx, recv_w, self.num_local_experts).bfloat16()
+        else:
+            local = recv_x.new_zeros(0, x.shape[1])
+        combined, _, _ = self.buffer.combine(local, handle)
+        return combined.float()
