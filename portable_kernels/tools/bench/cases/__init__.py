@@ -10,9 +10,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..case import SIZES, Case
-from . import casts, gemm, grouped_gemm, layouts, mla, model, moe_routing, topk
+from . import casts, gemm, grouped_gemm, indexer, layouts, mla, model, moe_routing, topk
 
-_MODULES: tuple[ModuleType, ...] = (gemm, grouped_gemm, mla, topk, casts, moe_routing, layouts, model)
+_MODULES: tuple[ModuleType, ...] = (gemm, grouped_gemm, mla, indexer, topk, casts, moe_routing, layouts, model)
 
 #: family name -> its module
 FAMILIES: dict[str, ModuleType] = {m.FAMILY: m for m in _MODULES}
