@@ -20,8 +20,8 @@ from gpu_compile import compiling_for  # noqa: E402
 
 from portable_kernels.backends.nvidia.kernels import (bf16_gemm, cast_fp4, cast_fp8, fp8_fp4_gemm,  # noqa: E402
                                                       fp8_gemm, grouped_contiguous, grouped_masked, mla_decode,
-                                                      mla_metadata, moe_expand, moe_gate, moe_reduce, swiglu_cast,
-                                                      topk)
+                                                      mla_metadata, moe_expand, moe_gate, moe_reduce,
+                                                      mqa_logits, paged_mqa_logits, swiglu_cast, topk)
 from portable_kernels.backends.nvidia.kernels._common import INTERPRET  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
@@ -148,7 +148,27 @@ def routing_specimens(all_configs: bool):
         x.float(), None, None, ttp, torch.ones(1), True, _fp8(64, 7168)))
 
 
-SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens, mla_specimens, routing_specimens)
+def indexer_specimens(all_configs: bool):
+    ranges = (torch.zeros(256, dtype=torch.int32), torch.full((256,), 4096, dtype=torch.int32))
+    for heads, d in ((64, 128), (32, 256), (4, 32)):
+        for dtype in (torch.float32, torch.bfloat16):
+            yield (f"mqa_logits h={heads} d={d} {str(dtype)[6:]}", lambda: mqa_logits.mqa_logits(
+                _fp8(256, heads, d), _fp8(4096, d), torch.zeros(4096), torch.zeros(256, heads, dtype=dtype),
+                *ranges, False, torch.empty(256, 4352, dtype=dtype)[:, :4096]))
+    yield ("mqa_logits compressed", lambda: mqa_logits.mqa_logits(
+        _fp8(256, 64, 128), _fp8(4096, 128), torch.zeros(4096), torch.zeros(256, 64), *ranges, True,
+        torch.empty(256, 4096)))
+    table = torch.zeros(8, 64, dtype=torch.int32)
+    for heads, next_n, block_kv in ((64, 1, 64), (64, 2, 64), (32, 4, 16)):
+        for dtype in (torch.float32, torch.bfloat16):
+            yield (f"paged_mqa_logits h={heads} n={next_n} kv={block_kv} {str(dtype)[6:]}",
+                   lambda: paged_mqa_logits.paged_mqa_logits(
+                       _fp8(8, next_n, heads, 128), torch.zeros(64, block_kv, 1, 132, dtype=torch.uint8),
+                       torch.zeros(8 * next_n, heads, dtype=dtype), torch.zeros(8, next_n, dtype=torch.int32),
+                       table, torch.empty(8 * next_n, 4096, dtype=dtype)))
+
+
+SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens, mla_specimens, routing_specimens, indexer_specimens)
 
 
 def main(argv: list[str]) -> int:
