@@ -292,14 +292,14 @@ def summarize(results: Sequence[CaseResult]) -> dict[tuple[str, str], Count]:
 def format_report(suite_name: str, results: Sequence[CaseResult], notes: Sequence[str] = ()) -> str:
     """The text table: per file and backend run/passed/failed/hardware/skipped, then the failures."""
     lines = [f"== {suite_name} =="]
-    header = f"{'file':42} {'backend':22} {'run':>5} {'pass':>5} {'fail':>5} {'hw':>4} {'skip':>5}"
+    header = f"{'file':58} {'backend':18} {'run':>5} {'pass':>5} {'fail':>5} {'hw':>4} {'skip':>5}"
     lines += [header, "-" * len(header)]
     total = dict.fromkeys(attrs.fields_dict(Count), 0)
     for (file, backend), c in summarize(results).items():
-        lines.append(f"{file:42} {backend:22} {c.run:5} {c.passed:5} {c.failed:5} {c.hardware:4} {c.skipped:5}")
+        lines.append(f"{file:58} {backend:18} {c.run:5} {c.passed:5} {c.failed:5} {c.hardware:4} {c.skipped:5}")
         for k in total:
             total[k] += getattr(c, k)
-    lines.append(f"{'total':42} {'':22} {total['run']:5} {total['passed']:5} {total['failed']:5} "
+    lines.append(f"{'total':58} {'':18} {total['run']:5} {total['passed']:5} {total['failed']:5} "
                  f"{total['hardware']:4} {total['skipped']:5}")
     for outcome, title in (("failed", "failures"), ("hardware", "needs hardware no drop-in provides"),
                            ("out-of-scope", "out of scope"), ("skipped", "skipped")):
