@@ -15,16 +15,17 @@ from typing import Any
 
 import torch
 
-from ..core.checks import check_int
+from ..core.checks import check_int, is_int
 from ..core.alignment import padding_rows, set_mk_alignment_for_contiguous_layout
 from ..core.errors import ContractError, LayoutError, format_problem
 from ..core.alignment import get_m_alignment_for_contiguous_layout
 from ..layouts import (LayoutConversionError, TMA_ALIGN_BYTES, broadcast_block_scales_to_rows, sm90_sfa_encode,
                        sm100_ue8m0_encode, tma_aligned_mn)
+from ..core.tensors import cdiv as ceil_div
 from ..core.tensors import describe
 from .runtime import arch_major
 
-__all__ = ["get_tma_aligned_size", "get_mn_major_tma_aligned_tensor", "get_col_major_tma_aligned_tensor",
+__all__ = ["get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", "get_tma_aligned_size", "get_mn_major_tma_aligned_tensor", "get_col_major_tma_aligned_tensor",
            "get_mn_major_tma_aligned_packed_ue8m0_tensor", "transform_sf_into_required_layout",
            "get_mk_alignment_for_contiguous_layout", "set_mk_alignment_for_contiguous_layout",
            "get_m_alignment_for_contiguous_layout", "get_k_alignment_for_contiguous_layout",
@@ -80,6 +81,67 @@ def get_mn_major_tma_aligned_packed_ue8m0_tensor(sf: torch.Tensor, psum_layout: 
         return sm100_ue8m0_encode(sf)
     except LayoutConversionError as exc:
         raise LayoutError(f"{op}: {exc}") from exc
+
+
+def align(x: int, multiple: int) -> int:
+    return ceil_div(x, multiple) * multiple
+
+
+def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf: torch.Tensor, grouped_layout: torch.Tensor,
+                                                           ks_cpu: list[int] | None, gran_k: int, k_alignment: int,
+                                                           use_psum_layout: bool = False) -> torch.Tensor:
+    """DeepGEMM's per-group packing of k-grouped SM100 scales: power-of-two fp32 [sf_k, MN] (each
+    group's ceil(k_g / gran_k) scale rows in turn) -> int32 [packed_sf_k, MN], four consecutive K
+    scales of one group per word (a group's last word padded with zero bytes), MN-major.
+    grouped_layout (int32 [G], the device copy) gives each group's K: its entries, or with
+    use_psum_layout end offsets, group g spanning [align(end[g-1], k_alignment), end[g]).
+    packed_sf_k = sum ceil(k_g / (4 gran_k)) over ks_cpu when given; without it (None or [],
+    psum layout only) DeepGEMM's upper bound (sf_k + 3 G) / 4, the rows past the groups' words zero."""
+    op = "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor"
+    _scales(op, sf)
+    if gran_k not in (32, 128):
+        raise ContractError(format_problem(op, "gran_k", repr(gran_k), "32 or 128", "pass the scales' K granularity"))
+    if not is_int(k_alignment) or k_alignment <= 0 or k_alignment % 32:
+        raise ContractError(format_problem(op, "k_alignment", repr(k_alignment), "a positive multiple of 32",
+                                           "pass the contiguous layout's K alignment"))
+    if sf.dim() != 2 or not sf.is_contiguous() or sf.shape[1] % 4:
+        raise ContractError(format_problem(op, "sf", describe(sf), "contiguous fp32 [sf_k, MN] with MN % 4 == 0",
+                                           "pass the k-grouped scales as produced by per_channel_cast_to_fp8"))
+    if not isinstance(grouped_layout, torch.Tensor) or grouped_layout.dtype != torch.int32 \
+            or grouped_layout.dim() != 1 or not 1 <= grouped_layout.numel() <= 128:
+        raise ContractError(format_problem(op, "grouped_layout", describe(grouped_layout), "int32 [G], 1 <= G <= 128",
+                                           "pass the groups' K sizes (or psum ends) as an int32 tensor"))
+    synced = ks_cpu is not None and len(ks_cpu) > 0
+    if not synced and not use_psum_layout:
+        raise ContractError(format_problem(op, "ks_cpu", repr(ks_cpu), "the groups' K sizes (or use_psum_layout)",
+                                           "pass ks_cpu = grouped_layout.tolist()"))
+    if synced and len(ks_cpu) != grouped_layout.numel():
+        raise ContractError(format_problem(op, "ks_cpu", f"{len(ks_cpu)} sizes", f"{grouped_layout.numel()} (one per "
+                                           "group)", "pass one K size per group"))
+    sf_k, mn = sf.shape
+    groups = grouped_layout.tolist()
+    ks, previous = [], 0
+    for value in groups:
+        ks.append(value - align(previous, k_alignment) if use_psum_layout else value)
+        previous = value
+    rows = [ceil_div(k, gran_k) for k in ks]
+    if sum(rows) > sf_k or min(ks) < 0 or (synced and not use_psum_layout and sum(rows) != sf_k):
+        raise ContractError(format_problem(op, "grouped_layout", repr(groups), f"groups whose scale rows fit sf's "
+                                           f"{sf_k}", "pass the layout the scales were made for"))
+    packed_rows = sum(ceil_div(k, gran_k * 4) for k in ks_cpu) if synced else (sf_k + 3 * len(groups)) // 4
+    out = torch.zeros(packed_rows, mn, dtype=torch.int32, device=sf.device)
+    start, at = 0, 0
+    for n in rows:
+        words = ceil_div(n, 4)
+        if words and at < packed_rows:
+            try:
+                packed = sm100_ue8m0_encode(sf[start:start + n].T)       # [MN, words], exponents only
+            except LayoutConversionError as exc:
+                raise LayoutError(f"{op}: {exc}") from exc
+            keep = min(words, packed_rows - at)
+            out[at:at + keep] = packed[:mn, :keep].T
+        start, at = start + n, at + words
+    return out
 
 
 def transform_sf_into_required_layout(sf: torch.Tensor, mn: int, k: int, recipe: tuple, num_groups: int | None = None,

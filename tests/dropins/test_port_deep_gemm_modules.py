@@ -203,3 +203,41 @@ def test_paged_mqa_logits_legacy_form_and_metadata():
     want = pk.fp8_paged_mqa_logits(q, cache, weights, lens, table, meta, 72)
     valid = torch.arange(72)[None, :] < lens.reshape(-1, 1)
     assert got.dtype == torch.float32 and torch.equal(got[valid], want[valid])
+
+
+def _pow2_scales(rows, mn, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.exp2(torch.randint(-20, 10, (rows, mn), generator=g).float())
+
+
+def _pack_group(sf_rows):
+    """Reference: four consecutive K scales' exponent bytes per int32 word, zero bytes past the group."""
+    n, mn = sf_rows.shape
+    words = -(-n // 4)
+    exps = torch.zeros(words * 4, mn, dtype=torch.int64)
+    exps[:n] = (sf_rows.view(torch.int32) >> 23).long()
+    packed = sum(exps[j::4] << (8 * j) for j in range(4))
+    return packed.to(torch.uint32).view(torch.int32) if hasattr(torch, "uint32") else packed.to(torch.int32)
+
+
+def test_k_grouped_packed_ue8m0_tensor_packs_each_groups_scales_on_their_own():
+    ks = [256, 384, 128]                     # 2, 3, 1 scale rows of 128
+    sf = _pow2_scales(6, 8, seed=41)
+    layout = torch.tensor(ks, dtype=torch.int32)
+    got = deep_gemm.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf, layout, ks, 128, 128)
+    want = torch.cat([_pack_group(sf[0:2]), _pack_group(sf[2:5]), _pack_group(sf[5:6])])
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+
+
+def test_k_grouped_packed_ue8m0_tensor_psum_layout_and_its_upper_bound():
+    real = [100, 300]                         # psum ends with K alignment 128: [100, 428]
+    layout = torch.tensor([100, 128 + 300], dtype=torch.int32)
+    sf = _pow2_scales(1 + 3, 8, seed=42)      # ceil(100/128) + ceil(300/128) rows
+    want = torch.cat([_pack_group(sf[0:1]), _pack_group(sf[1:4])])
+    exact = deep_gemm.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf, layout, real, 128, 128, True)
+    bound = deep_gemm.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf, layout, None, 128, 128, True)
+    assert torch.equal(exact, want) and bound.shape[0] == (4 + 3 * 2) // 4 and torch.equal(bound[:2], want)
+    with pytest.raises(ContractError, match="ks_cpu"):
+        deep_gemm.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf, layout, None, 128, 128, False)
+    with pytest.raises(pk.LayoutError, match="power"):
+        deep_gemm.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf * 3, layout, real, 128, 128, True)
