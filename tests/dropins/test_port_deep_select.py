@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import portable_kernels as pk
 import portable_kernels.deep_select as deep_select
 
 MARKER = 0x3F3F3F3F
@@ -105,3 +106,46 @@ def test_stride_requirement():
     padded = torch.empty(4, 1024)[:, :1000]                 # rows padded to the input requirement, as callers do
     padded.copy_(x)
     assert torch.equal(deep_select.topk(padded, 5)[1], deep_select.topk(x, 5)[1])
+
+
+# -- DeepSelect's host checks (its tests/test_memory_boundaries.py, CUDA build) -------------------
+
+def test_overlapping_output_rows_get_deep_selects_message_on_every_backend():
+    x = torch.ones((2, 256))
+    output = torch.empty((1, 8), dtype=torch.int32)[:, :1].expand(2, 1)
+    with pytest.raises(RuntimeError, match="output_index rows must not overlap"):
+        deep_select.topk(x, 1, output_idx=output, indices_type=torch.int32)
+    with pytest.raises(pk.ContractError, match="output_index rows must not overlap"):
+        deep_select.topk(x, 1, output_idx=output, indices_type=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nvidia_needs_the_final_row_padded_as_deep_selects_tma_reads_it(dtype):
+    stride = 1024 // dtype.itemsize
+    width, row_stride = stride + 1, 2 * stride
+    x = torch.ones(row_stride + width, dtype=dtype).as_strided((2, width), (row_stride, 1))
+    padded = torch.ones((2, row_stride), dtype=dtype)[:, :width]
+    with pk.use_backend("nvidia", arch="sm100"):
+        with pytest.raises(RuntimeError, match="input backing storage"):
+            deep_select.topk(x, 1)
+        values, _ = deep_select.topk(padded, 1)
+    torch.testing.assert_close(values, torch.ones_like(values))
+    assert deep_select.topk(x, 1)[0].shape == (2, 1)  # cpu: rows of any padding
+
+
+def test_nvidia_needs_aligned_views_and_padded_row_strides():
+    x = torch.ones((2, 512))
+    backing = torch.empty((2, 16), dtype=torch.int32)
+    with pk.use_backend("nvidia", arch="sm90"):
+        with pytest.raises(RuntimeError, match=r"input\.data_ptr"):
+            deep_select.topk(x[:, 1:257], 1)
+        with pytest.raises(RuntimeError, match=r"output_index\.data_ptr"):
+            deep_select.topk(x, 1, output_idx=backing[:, 1:2], indices_type=torch.int32)
+        with pytest.raises(RuntimeError, match=r"input\.stride\(0\)"):
+            deep_select.topk(torch.ones(2, 1001)[:, :1000], 1)
+        with pytest.raises(RuntimeError, match=r"output_index\.stride\(0\)"):
+            deep_select.topk(x, 1, output_idx=torch.empty(2, 3, dtype=torch.int32)[:, :1], indices_type=torch.int32)
+        minimal = torch.empty(16, dtype=torch.int32).as_strided((2, 1), (8, 1))  # rows at bytes 0 and 32
+        end = torch.ones(2, dtype=torch.int32)
+        _, indices = deep_select.topk(torch.ones(2, 256), 1, end=end, output_idx=minimal, indices_type=torch.int32)
+    assert torch.equal(indices, torch.zeros_like(indices))
