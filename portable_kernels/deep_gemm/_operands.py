@@ -20,6 +20,7 @@ from ..core.checks import check_bool
 from ..core.errors import ContractError, format_problem
 from ..core.packed_scales import is_packed_scale, packed_scale_operand
 from ..core.tensors import PreparedTensor, QuantTensor, describe
+from ..layouts import pack_e2m1, unpack_e2m1
 
 PACKED_FP4 = (torch.int8, torch.uint8, torch.float4_e2m1fn_x2)
 #: the dims DeepGEMM's JIT may specialize a kernel on
@@ -98,6 +99,19 @@ def transposed(op: str, arg: str, value: Any) -> Any:
             return QuantTensor.unchecked(value.data.mT, value.scale.mT, (gk, gm), value.ue8m0, value.element)
         return value[0].mT, value[1].mT
     return value
+
+
+def k_major_fp4(value: Any) -> Any:
+    """An nt operand's FP4 data given MN-major (DeepGEMM's `transpose_packed_fp4(x).T` view: [MN/2, K]
+    with stride(0) == 1, packed along MN) repacked K-major [MN, K/2] — a copy on every call, so keep
+    FP4 weights K-major to avoid it. Anything else is returned as given."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], torch.Tensor)):
+        return value
+    data, scale = value
+    if data.dtype not in PACKED_FP4 or data.dim() != 2 or data.stride(-1) == 1 or data.stride(0) != 1:
+        return value
+    codes = unpack_e2m1(data.T.contiguous().view(torch.uint8))        # [K, MN] element codes
+    return pack_e2m1(codes.T.contiguous()).view(data.dtype), scale
 
 
 def stored(value: Any) -> Any:

@@ -17,7 +17,7 @@ from ..ops.gemm import transposed as pk_t
 from ..core.errors import ContractError, format_problem
 from ..ops.gemm.fp4 import fp8_fp4_gemm_nt as pk_fp8_fp4_gemm_nt
 from ..core.tensors import PreparedTensor, QuantTensor, describe
-from ._operands import PACKED_FP4, check_keywords, granularities, operand, stored, transposed
+from ._operands import PACKED_FP4, check_keywords, granularities, k_major_fp4, operand, stored, transposed
 
 __all__ = ["fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt", "fp8_gemm_nt", "fp8_gemm_nn",
            "fp8_gemm_tn", "fp8_gemm_tt", "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
@@ -55,6 +55,8 @@ def _fp8_fp4(layout: str, a: Any, b: Any, d: torch.Tensor, c: Any, recipe: Any, 
                                            "GEMMs are not provided)", "quantize a with per_token_cast_to_fp8"))
     ga, gb = granularities(op, recipe, recipe_a, recipe_b)
     a_t, b_t = LAYOUTS[layout]
+    if layout == "nt":
+        b = k_major_fp4(b)  # DeepGEMM's SM100 nt also takes FP4 B packed along N (MN-major)
     qa, qb = _bind(op, "a", a, ga, a_t), _bind(op, "b", b, gb, b_t)
     if _element(qb) == "e2m1":
         if layout != "nt":

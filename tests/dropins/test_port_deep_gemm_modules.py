@@ -241,3 +241,18 @@ def test_k_grouped_packed_ue8m0_tensor_psum_layout_and_its_upper_bound():
         deep_gemm.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf, layout, None, 128, 128, False)
     with pytest.raises(pk.LayoutError, match="power"):
         deep_gemm.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf * 3, layout, real, 128, 128, True)
+
+
+def test_sm100_nt_takes_fp4_b_packed_along_n_as_deep_gemm():
+    torch.manual_seed(8)
+    x, w = torch.randn(32, 512, dtype=torch.bfloat16), torch.randn(64, 512, dtype=torch.bfloat16)
+    with pk.use_backend("nvidia", arch="sm100"):
+        a = deep_gemm.per_token_cast_to_fp8(x, use_ue8m0=True)
+        b = deep_gemm.per_token_cast_to_fp4(w, use_ue8m0=True, gran_k=32)
+        b_mn = (deep_gemm.transpose_packed_fp4(b[0]).T, b[1])   # DeepGEMM's MN-major FP4 operand
+        assert b_mn[0].stride(0) == 1 and b_mn[0].shape == (32, 512)
+        k_major, mn_major = (torch.full((32, 64), float("nan"), dtype=torch.bfloat16) for _ in range(2))
+        deep_gemm.fp8_fp4_gemm_nt(a, b, k_major, recipe_a=(1, 128), recipe_b=(1, 32))
+        deep_gemm.fp8_fp4_gemm_nt(a, b_mn, mn_major, recipe_a=(1, 128), recipe_b=(1, 32))
+    assert torch.equal(k_major, mn_major)
+    assert pk.calc_diff(mn_major, x.float() @ w.float().T) < 0.02
