@@ -330,3 +330,49 @@ def test_porting_doc_lists_every_name():
     assert f"Provided: {provided} of {len(listed)} names" in section
     after = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0].split("# after", 1)[1]
     exec(after, {})
+
+# ------------------------------------------------------------------------------------------------ internode
+
+
+def internode_body(rank: int, num_ranks: int, group, num_tokens: int, hidden: int, num_topk: int,
+                   num_experts: int, seed: int) -> str:
+    """DeepEP's test_internode checks at 16 ranks (2 nodes of 8): the node-level counts from
+    get_dispatch_layout and the internode handle (`handle[-4]` = recv_gbl_rank_prefix_sum)."""
+    torch.manual_seed(seed + rank)
+    num_nodes = num_ranks // 8
+    buffer = deep_ep.Buffer(group, int(1e8), int(1e8))
+    x = torch.ones((num_tokens, hidden), dtype=torch.bfloat16) * rank
+    scores = torch.randn((num_tokens, num_experts), dtype=torch.float32).abs() + 1
+    topk_idx = torch.topk(scores, num_topk, dim=-1, sorted=False)[1].to(deep_ep.topk_idx_t)
+    topk_weights = torch.ones((num_tokens, num_topk), dtype=torch.float32) * rank
+    rank_idx = torch.div(topk_idx, num_experts // num_ranks, rounding_mode="floor")
+    is_token_in_rank = torch.stack([(rank_idx == i).any(dim=1) for i in range(num_ranks)], dim=1)
+    per_node = torch.stack([is_token_in_rank[:, n * 8:(n + 1) * 8].any(dim=1) for n in range(num_nodes)], 1)
+    gbl_num_tokens_per_rank = is_token_in_rank.sum(dim=0).to(torch.int)
+    dist.all_reduce(gbl_num_tokens_per_rank, group=group)
+
+    per_rank, per_rdma_rank, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, num_experts)
+    assert torch.equal(in_rank, is_token_in_rank)
+    assert per_rdma_rank is not None and torch.equal(per_rdma_rank, per_node.sum(dim=0).to(torch.int))
+    recv_x, recv_idx, recv_w, counts, handle, _ = buffer.dispatch(
+        x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma_rank, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_weights)
+    assert len(handle) == 10 and handle[0] is not None and torch.equal(handle[0], is_token_in_rank)
+    recv_gbl_rank_prefix_sum = handle[-4]
+    assert gbl_num_tokens_per_rank[rank].item() == recv_x.size(0) == int(recv_gbl_rank_prefix_sum[-1])
+    start = 0
+    for i in range(num_ranks):  # DeepEP's check_data: rows from rank i carry the value i
+        end = int(recv_gbl_rank_prefix_sum[i])
+        assert (recv_x[start:end].int() - i).abs().sum().item() == 0
+        start = end
+    assert torch.equal(handle[4], recv_gbl_rank_prefix_sum[7::8])  # per source node
+    cached, *_ = buffer.dispatch(x, handle=handle)
+    assert torch.equal(cached, recv_x)
+    combined, _, _ = buffer.combine(recv_x, handle)
+    assert torch.equal(combined.float() / is_token_in_rank.sum(dim=1, keepdim=True), x.float())
+    return "passed"
+
+
+def test_internode_handle_at_16_ranks():
+    outcomes = run_ranks(16, internode_body, (24, 256, 4, 64, 11), timeout_s=LAUNCH_TIMEOUT_S)
+    assert all(o.ok and o.value == "passed" for o in outcomes), "\n".join(o.describe() for o in outcomes)

@@ -10,6 +10,10 @@ import torch
 
 from .constants import LAYOUT_RANGE_COUNT_MASK, LAYOUT_RANGE_SHIFT, NO_EXPERT
 
+#: DeepEP's ranks per node (NUM_MAX_NVL_PEERS): a larger group spans nodes and its handle indexes
+#: like DeepEP's internode tuple
+RANKS_PER_NODE = 8
+
 Rows = Union[torch.Tensor, "tuple[torch.Tensor, torch.Tensor]"]
 
 
@@ -25,9 +29,14 @@ class DispatchHandle:
     num_worst_tokens:   0, or the padded row count of a `num_worst_tokens` dispatch (its combine
                         takes that many rows and reads the first len(recv_src_idx))
 
-    Indexes like DeepEP's intranode handle tuple: [0] rank_prefix_matrix, [3] recv_src_idx,
-    [4] is_token_in_rank; the channel matrices [1], [2] and send_head [5] are None (an all-to-all
-    transport has no channels).
+    Indexes like DeepEP's handle tuple. Within one node (at most 8 ranks, DeepEP's NUM_MAX_NVL_PEERS)
+    the intranode one: [0] rank_prefix_matrix, [3] recv_src_idx, [4] is_token_in_rank; the channel
+    matrices [1], [2] and send_head [5] are None (an all-to-all transport has no channels). A group
+    spanning nodes (more than 8 ranks) indexes like DeepEP's 10-entry internode handle: [0]
+    is_token_in_rank, [4] recv_rdma_rank_prefix_sum (int32 [nodes]: rows received from the ranks of
+    nodes 0..n), [6] recv_gbl_rank_prefix_sum (int32 [R]: rows received from ranks 0..i — DeepEP's
+    `handle[-4]`), [7] recv_src_idx (in the place of DeepEP's recv_src_meta); the channel matrices
+    [1], [2], [3], [5] and the send heads [8], [9] are None.
     """
 
     rank: int
@@ -37,10 +46,35 @@ class DispatchHandle:
     num_worst_tokens: int = 0
 
     def __getitem__(self, index: int) -> torch.Tensor | None:
-        return (self.rank_prefix_matrix, None, None, self.recv_src_idx, self.is_token_in_rank, None)[index]
+        return self._entries()[index]
 
     def __len__(self) -> int:
-        return 6
+        return len(self._entries())
+
+    def __iter__(self) -> Iterator[torch.Tensor | None]:
+        return iter(self._entries())
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.num_ranks > RANKS_PER_NODE
+
+    @property
+    def recv_gbl_rank_prefix_sum(self) -> torch.Tensor:
+        """int32 [R]: rows this rank received from ranks 0..i (its column of rank_prefix_matrix)."""
+        return self.rank_prefix_matrix[:, self.rank].contiguous()
+
+    @property
+    def recv_rdma_rank_prefix_sum(self) -> torch.Tensor:
+        """int32 [nodes]: rows this rank received from the ranks of nodes 0..n (8 ranks a node)."""
+        prefix = self.recv_gbl_rank_prefix_sum
+        last_of_node = torch.arange(RANKS_PER_NODE - 1, self.num_ranks, RANKS_PER_NODE, device=prefix.device)
+        return prefix[last_of_node].contiguous()
+
+    def _entries(self) -> tuple[torch.Tensor | None, ...]:
+        if not self.spans_nodes:
+            return (self.rank_prefix_matrix, None, None, self.recv_src_idx, self.is_token_in_rank, None)
+        return (self.is_token_in_rank, None, None, None, self.recv_rdma_rank_prefix_sum, None,
+                self.recv_gbl_rank_prefix_sum, self.recv_src_idx, None, None)
 
     @property
     def num_ranks(self) -> int:
