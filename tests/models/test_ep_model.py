@@ -77,3 +77,45 @@ def test_generate_ep_prints_the_comparison_with_the_single_process(checkpoints, 
     r = json.loads(out.read_text())
     assert r["ep"] == 2 and r["same_on_every_rank"] and len(r["new_token_ids"]) == 2
     assert "expert parallel over 2 Gloo ranks" in capsys.readouterr().out
+
+
+FAULT_TIMEOUT_S = 3.0
+FAULT_SLACK_S = 10.0    # process scheduling on a loaded 2-core machine
+
+
+def dying_rank_body(rank, num_ranks, group, path, ids, victim, fault="kill"):
+    import os
+    import time
+
+    os.environ["PK_EP_TIMEOUT_S"] = str(FAULT_TIMEOUT_S)
+    from portable_kernels.models.deepseek.ep import ExpertParallel
+
+    model = load(path, ep_group=group)
+    moe = ExpertParallel.moe
+
+    def dies_on_second_call(self, *args):
+        if rank == victim and self.calls == 1:  # mid-generate: after its first MoE call
+            if fault == "stall":
+                time.sleep(FAULT_TIMEOUT_S + FAULT_SLACK_S)
+            os._exit(17)
+        return moe(self, *args)
+
+    ExpertParallel.moe = dies_on_second_call    # this rank's process only
+    start = time.perf_counter()
+    try:
+        model.generate(ids, 4)
+    except pk.EPTimeoutError as exc:
+        return {"error": str(exc), "seconds": time.perf_counter() - start}
+    return {"error": None}
+
+
+@pytest.mark.parametrize("fault", ["kill", "stall"])
+def test_a_rank_that_dies_or_stalls_mid_generate_gives_every_survivor_a_timeout_naming_it(checkpoints, fault):
+    ids = torch.randint(0, 512, (1, 6), generator=torch.Generator().manual_seed(4))
+    outcomes = run_ranks(4, dying_rank_body, (str(checkpoints["q_lora"]), ids, 3, fault), timeout_s=180)
+    assert outcomes[3].exitcode == 17
+    for o in outcomes[:3]:
+        assert o.ok, o.describe()                  # no survivor hangs or crashes
+        assert o.value["error"] is not None, "the survivor did not notice the dead rank"
+        assert "rank 3 (stopped after MoE call 1) never began it" in o.value["error"], o.value["error"]
+        assert o.value["seconds"] < FAULT_TIMEOUT_S + FAULT_SLACK_S

@@ -16,11 +16,14 @@ from typing import Any, Callable
 import attrs
 import torch
 
+from ...core.errors import EPTimeoutError
 from ...ops import ep as pk_ep
 from .errors import UnsupportedConfigError
 
 #: the normal-mode staging budget per rank (bytes one dispatch/combine may move)
 DEFAULT_EP_BYTES = 1 << 28
+#: store key prefix of each rank's progress (MoE calls begun), read to name a rank that stopped
+PROGRESS_KEY = "pk_ep_moe_calls"
 
 
 @attrs.define
@@ -32,6 +35,8 @@ class ExpertParallel:
     num_ranks: int
     num_experts: int
     buffer: Any
+    store: Any = None   # the group's torch.distributed store (progress keys), None if unavailable
+    calls: int = 0
 
     @property
     def num_local_experts(self) -> int:
@@ -49,19 +54,53 @@ class ExpertParallel:
         if num_experts % size:
             raise UnsupportedConfigError(f"n_routed_experts = {num_experts} does not split over {size} ranks. Fix: "
                                          "use an expert-parallel size that divides the expert count")
-        return ExpertParallel(group, rank, size, num_experts, pk_ep.Buffer(group, num_bytes, 0))
+        try:
+            store = dist.distributed_c10d._get_default_store()
+        except Exception:  # no default group's store (a custom transport): faults name no rank
+            store = None
+        ep = ExpertParallel(group, rank, size, num_experts, pk_ep.Buffer(group, num_bytes, 0), store)
+        ep._publish()
+        return ep
+
+    def _key(self, rank: int) -> str:
+        return f"{PROGRESS_KEY}/{rank}"
+
+    def _publish(self) -> None:
+        if self.store is not None:
+            self.store.set(self._key(self.rank), str(self.calls))
+
+    def _laggards(self) -> str:
+        """Which ranks never began this MoE call (read from the store after a timeout)."""
+        if self.store is None:
+            return "the ranks' progress is not recorded (no torch.distributed store)"
+        behind = []
+        try:
+            for r in range(self.num_ranks):
+                if r != self.rank and self.store.check([self._key(r)]):
+                    done = int(self.store.get(self._key(r)))
+                    if done < self.calls:
+                        behind.append(f"rank {r} (stopped after MoE call {done})")
+        except Exception as exc:  # the store lives on rank 0's process, which may be the one that died
+            return f"the progress store cannot be read ({type(exc).__name__}: {exc}); rank 0 may have died"
+        return ("; ".join(behind) + " never began it") if behind else "every rank began it (a stall inside the call)"
 
     def moe(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
             experts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
         """sum_k w_k · expert_k(x) for every token, the experts computed on the ranks that hold them:
         `experts(rows, local_topk_idx, weights, num_local_experts)` runs this rank's share. fp32 [T, H]."""
-        per_rank, _, per_expert, in_rank, _ = self.buffer.get_dispatch_layout(topk_idx, self.num_experts)
-        recv_x, recv_idx, recv_w, _, handle, _ = self.buffer.dispatch(
-            x.bfloat16().contiguous(), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-            num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_weights)
-        if recv_x.shape[0]:
-            local = experts(recv_x, recv_idx, recv_w, self.num_local_experts).bfloat16()
-        else:
-            local = recv_x.new_zeros(0, x.shape[1])
-        combined, _, _ = self.buffer.combine(local, handle)
+        self.calls += 1
+        self._publish()
+        try:
+            per_rank, _, per_expert, in_rank, _ = self.buffer.get_dispatch_layout(topk_idx, self.num_experts)
+            recv_x, recv_idx, recv_w, _, handle, _ = self.buffer.dispatch(
+                x.bfloat16().contiguous(), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_weights)
+            if recv_x.shape[0]:
+                local = experts(recv_x, recv_idx, recv_w, self.num_local_experts).bfloat16()
+            else:
+                local = recv_x.new_zeros(0, x.shape[1])
+            combined, _, _ = self.buffer.combine(local, handle)
+        except EPTimeoutError as exc:
+            raise EPTimeoutError(f"expert-parallel MoE call {self.calls} on rank {self.rank} of {self.num_ranks}: "
+                                 f"{self._laggards()}. {exc}") from exc
         return combined.float()
