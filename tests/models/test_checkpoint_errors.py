@@ -151,3 +151,28 @@ def test_the_reader_gives_the_tensors_safetensors_gives(tmp_path, good):
                 want = f.get_tensor(name)
                 assert ours[name].dtype == want.dtype and torch.equal(ours[name].view(torch.uint8),
                                                                        want.view(torch.uint8)), name
+
+
+def _with_mtp_layer(tensors):
+    """DeepSeek-V3's checkpoint layout of one multi-token-prediction layer after the decoder layers
+    (here layer 2 of a 2-layer model): its own norms, eh_proj, a decoder layer, the shared head."""
+    mtp = {name.replace("model.layers.1.", "model.layers.2."): t.clone() for name, t in tensors.items()
+           if name.startswith("model.layers.1.")}
+    mtp.update({"model.layers.2.enorm.weight": torch.ones(256), "model.layers.2.hnorm.weight": torch.ones(256),
+                "model.layers.2.eh_proj.weight": tensors["model.layers.1.self_attn.o_proj.weight"].repeat(1, 2),
+                "model.layers.2.shared_head.norm.weight": torch.ones(256),
+                "model.layers.2.shared_head.head.weight": tensors["lm_head.weight"].clone()})
+    return {**tensors, **mtp}, len(mtp)
+
+
+def test_the_multi_token_prediction_layer_is_read_past_as_hugging_face_does(tmp_path, good):
+    ids = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(2))
+    plain = load(_write(tmp_path, good)).logits(ids)
+    tensors, count = _with_mtp_layer(good)
+    raw = dict(RAW, num_nextn_predict_layers=1)
+    model = load(write_checkpoint(tmp_path / "mtp", raw, tensors))
+    assert model.config.num_nextn_predict_layers == 1 and len(model.layers) == 2
+    assert model.load_report.skipped_tensors == count
+    assert torch.equal(model.logits(ids), plain)
+    with pytest.raises(UnexpectedTensorError, match="num_nextn_predict_layers"):
+        load(write_checkpoint(tmp_path / "no-key", RAW, tensors))

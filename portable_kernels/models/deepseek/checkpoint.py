@@ -139,10 +139,12 @@ def check_tensor(name: str, tensor: torch.Tensor, specs: dict[str, TensorSpec]) 
 
 @attrs.frozen
 class CheckpointFiles:
-    """Where each tensor lives: shard file -> its tensor names, in file order."""
+    """Where each tensor lives: shard file -> its tensor names, in file order; `skipped`: the
+    multi-token-prediction layers' tensor names, which are not read."""
 
     directory: Path
     shards: dict[str, list[str]]
+    skipped: tuple[str, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -170,19 +172,32 @@ def index_checkpoint(path: str | Path, cfg: DeepseekV3Config) -> CheckpointFiles
         raise MissingTensorError(f"{INDEX_FILE} names shard(s) {missing_files} that are not in {directory}. "
                                  "Fix: download every shard")
     expected = _all_names(expected_tensors(cfg))
+    skipped = tuple(sorted(n for names in shards.values() for n in names if is_mtp_tensor(n, cfg)))
+    shards = {f: [n for n in names if not is_mtp_tensor(n, cfg)] for f, names in shards.items()}
     present = {n for names in shards.values() for n in names}
     extra = sorted(present - expected)
     if extra:
         raise UnexpectedTensorError(
             f"checkpoint holds {len(extra)} tensor(s) this config has no place for, e.g. '{extra[0]}'. Fix: check "
             "that config.json belongs to these shards (num_hidden_layers, n_routed_experts, q_lora_rank, "
-            "first_k_dense_replace); DeepSeek's multi-token-prediction layer is not supported yet")
+            "first_k_dense_replace; DeepSeek's multi-token-prediction layers after the last decoder layer need "
+            "num_nextn_predict_layers)")
     missing = sorted(expected - present)
     if missing:
         raise MissingTensorError(
             f"checkpoint lacks {len(missing)} tensor(s), e.g. '{missing[0]}'. Fix: download every shard, or "
             "use the config.json saved with these weights")
-    return CheckpointFiles(directory, shards)
+    return CheckpointFiles(directory, shards, skipped)
+
+
+def is_mtp_tensor(name: str, cfg: DeepseekV3Config) -> bool:
+    """A tensor of a multi-token-prediction layer: model.layers.{i} with num_hidden_layers <= i <
+    num_hidden_layers + num_nextn_predict_layers (DeepSeek-V3 stores its one MTP layer as layer 61)."""
+    if not name.startswith("model.layers.") or not cfg.num_nextn_predict_layers:
+        return False
+    index = name.split(".")[2]
+    return index.isdigit() and cfg.num_hidden_layers <= int(index) < cfg.num_hidden_layers + \
+        cfg.num_nextn_predict_layers
 
 
 #: safetensors dtype names -> torch dtypes (https://huggingface.co/docs/safetensors: the header format)

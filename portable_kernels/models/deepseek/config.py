@@ -80,6 +80,10 @@ class DeepseekV3Config:
     rope_yarn: YarnRope | None = None  # None: the default RoPE
     #: DeepSeek-V3.2's lightning indexer (DeepSeek Sparse Attention); None for V3
     indexer: IndexerConfig | None = None
+    #: multi-token-prediction layers stored after the decoder layers (DeepSeek-V3's checkpoint: 1);
+    #: read past, not run — greedy decoding does not use them (as Hugging Face's model and
+    #: DeepSeek's own inference code)
+    num_nextn_predict_layers: int = 0
 
     @property
     def is_v32(self) -> bool:
@@ -208,7 +212,7 @@ def config_from_dict(raw: dict[str, Any]) -> DeepseekV3Config:
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta,
         rope_interleave=bool(raw.get("rope_interleave", True)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), rope_yarn=rope_yarn,
-        indexer=_indexer(raw),
+        indexer=_indexer(raw), num_nextn_predict_layers=int(raw.get("num_nextn_predict_layers") or 0),
     )
     if raw.get("num_key_value_heads", cfg.num_attention_heads) != cfg.num_attention_heads:
         raise _refuse("num_key_value_heads", raw.get("num_key_value_heads"), "num_attention_heads (MLA)",

@@ -49,6 +49,8 @@ class Layer:
 class LoadReport:
     seconds: float = 0.0
     checkpoint_bytes: int = 0
+    #: tensors read past: the multi-token-prediction layers (not used by greedy decoding)
+    skipped_tensors: int = 0
     weight_bytes: dict[str, int] = attrs.Factory(dict)   # Format name -> bytes of prepared weights
 
 
@@ -448,7 +450,7 @@ def load(path: str | Path, backend: str = "cpu", kv_cache: str = "bf16", *, opti
     cfg = load_config(path)
     specs = expected_tensors(cfg)
     files = index_checkpoint(path, cfg)
-    report = LoadReport(checkpoint_bytes=files.nbytes)
+    report = LoadReport(checkpoint_bytes=files.nbytes, skipped_tensors=len(files.skipped))
     weights = _Weights(requantize_to_ue8m0, report)
     needed: dict[int | None, int] = defaultdict(int)
     for n, spec in specs.items():
