@@ -42,8 +42,14 @@ SMALL = {
 }
 
 
+#: the V3.2 variant of SMALL: its indexer (16 heads of 128, top-32 of the 64-token prompt + steps)
+SMALL_V32_INDEXER = {"index_n_heads": 16, "index_head_dim": 128, "index_topk": 32}
+
+
 def _config(size: str) -> dict[str, Any]:
     from ....models.deepseek.checkpoint import tiny_config
+    if size == "v3.2-small":
+        return dict(tiny_config(model="v3.2"), **SMALL, **SMALL_V32_INDEXER)
     raw = tiny_config()
     return raw if size == "tiny" else dict(raw, **SMALL)
 
@@ -68,10 +74,14 @@ def _checkpoint_and_hf(size: str):
     return _built[size]
 
 
-def _ours(path):
+def _ours(path, kv_cache: str = "bf16"):
     from ....models import load
     name, options = forced_backend() or ("cpu", {})
-    return load(path, backend=name, options=dict(options))
+    return load(path, backend=name, options=dict(options), kv_cache=kv_cache)
+
+
+#: V3.2 runs its sparse attention over the FP8 cache (FlashMLA's sparse decode, as DeepSeek serves it)
+KV_CACHE = {"v3.2-small": "fp8"}
 
 
 def _weights_note(model, hf_bytes: int) -> str:
@@ -87,7 +97,7 @@ def _prompt(batch: int, vocab: int) -> torch.Tensor:
 def _build_decode(size: str, batch: int):
     def build(device: torch.device) -> Inputs:
         path, hf, hf_bytes = _checkpoint_and_hf(size)
-        model = _ours(path)
+        model = _ours(path, KV_CACHE.get(size, "bf16"))
         ids = _prompt(batch, model.config.vocab_size)
         state = model.prefill(ids, 8)
         with torch.inference_mode():
@@ -157,6 +167,8 @@ def _shape(size: str, batch: int | None = None) -> str:
     raw = _config(size)
     dims = (f"{raw['num_hidden_layers']} layers, hidden {raw['hidden_size']}, {raw['n_routed_experts']} experts "
             f"top-{raw['num_experts_per_tok']}")
+    if "index_topk" in raw:
+        dims = f"V3.2 (indexer top-{raw['index_topk']}, FP8 cache), " + dims
     return (f"b={batch} prompt={PROMPT}, " if batch else "") + dims
 
 
@@ -172,4 +184,11 @@ def _cases(size: str, sizes: frozenset[str]) -> list[Case]:
     return out
 
 
-CASES = _cases("small", frozenset({"quick", "full"})) + _cases("tiny", TINY)
+def _v32_cases(sizes: frozenset[str]) -> list[Case]:
+    """DeepSeek-V3.2's decode step (indexer -> top-k -> sparse MLA) against HF's DeepseekV32 eager."""
+    return [Case(FAMILY, "decode step", _shape("v3.2-small", b), _build_decode("v3.2-small", b), _decode_op,
+                 _decode_peer, "DeepseekV3.decode_step (V3.2)", "HF DeepseekV32 eager bf16, one step with its cache",
+                 sizes=sizes, devices=DEVICES) for b in (1, 8)]
+
+
+CASES = _cases("small", frozenset({"quick", "full"})) + _v32_cases(frozenset({"full"})) + _cases("tiny", TINY)
