@@ -9,9 +9,10 @@ DeepEP this port does not provide raise AttributeError with the reason (docs/por
 
 from __future__ import annotations
 
-from .ops.ep import Buffer, Config, EventHandle, EventOverlap, topk_idx_t
+from ..ops.ep import Buffer, Config, EventHandle, EventOverlap, topk_idx_t
+from . import utils
 
-__all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "topk_idx_t"]
+__all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "topk_idx_t", "utils"]
 
 #: DeepEP names not provided here, and why
 NOT_PROVIDED = {
