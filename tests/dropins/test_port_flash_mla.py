@@ -252,3 +252,12 @@ def test_varlen_prefill_matches_sdpa_per_sequence():
     assert torch.equal(packed, out)
     with pytest.raises(pk.ContractError, match="dropout_p"):
         flash_mla.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 9, 12, dropout_p=0.1)
+
+
+def test_upstream_module_path_flash_mla_interface():
+    import importlib
+
+    module = importlib.import_module("portable_kernels.flash_mla.flash_mla_interface")
+    for name in module.__all__:
+        assert getattr(module, name) is getattr(flash_mla, name), name
+    assert flash_mla.__version__ == "1.0.0"
