@@ -1,4 +1,4 @@
-"""Command line: `python -m portable_kernels {generate,demo,doctor,warmup,conformance,layouts,ep-cost,bench}` (also installed
+"""Command line: `python -m portable_kernels {generate,demo,doctor,warmup,conformance,layouts,ep-cost,bench,gpu-report}` (also installed
 as `portable-kernels`)."""
 
 from __future__ import annotations
@@ -135,6 +135,11 @@ def _bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _gpu_report(args: argparse.Namespace) -> int:
+    from .tools.gpu_report.cli import run
+    return run(args)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from .models.deepseek.generate import run
     return run(args)
@@ -178,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_ep_cost(sub, _ep_cost)
     from .tools.bench.cli import add_parser as add_bench
     add_bench(sub, _bench)
+    from .tools.gpu_report.cli import add_parser as add_gpu_report
+    add_gpu_report(sub, _gpu_report)
     from .models.deepseek.generate import add_parser as add_generate
     add_generate(sub, _generate)
     return parser

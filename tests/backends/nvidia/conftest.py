@@ -38,3 +38,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.fspath).startswith(here) and getattr(item.module, "NEEDS_TRITON", True):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def gpu_reports(tmp_path_factory):
+    """`python -m portable_kernels gpu-report --arch A --json FILE` for sm90 and sm100 (default configs),
+    in two fresh compiled-mode processes at once (CI has two cores): every Triton kernel specimen
+    compiled to a cubin and read back. {arch: (exit status, stdout, stderr, the JSON or None)};
+    test_gpu_compile and test_gpu_report share this one run."""
+    import json
+    import subprocess
+    import sys
+    folder = tmp_path_factory.mktemp("gpu_report")
+    env = {k: v for k, v in os.environ.items() if k != runtime.INTERPRET_ENV}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    procs = {arch: subprocess.Popen([sys.executable, "-m", "portable_kernels", "gpu-report", "--arch", arch,
+                                     "--json", str(folder / f"{arch}.json")], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for arch in ("sm90", "sm100")}
+    results = {}
+    for arch, proc in procs.items():
+        out, err = proc.communicate(timeout=900)
+        path = folder / f"{arch}.json"
+        results[arch] = (proc.returncode, out, err, json.loads(path.read_text()) if path.exists() else None)
+    return results

@@ -1,9 +1,9 @@
 """Compile every nvidia Triton kernel for a GPU architecture without a GPU (run as a script in a
 process WITHOUT TRITON_INTERPRET): `python gpu_compile_all.py sm90 [--all-configs]`.
 
-Each specimen calls a kernel's launch function with small CPU tensors of the dtypes a real call
-has; under gpu_compile.compiling_for the launch becomes an ahead-of-time compile to a cubin.
-Prints one line per compiled kernel and "COMPILED n" last; exits 1 on the first failure.
+The specimens and the compile live in portable_kernels/tools/gpu_report (`python -m portable_kernels
+gpu-report` reads the cubins too); this prints one line per compiled kernel and "COMPILED n" last,
+and exits 1 on the first failure or a kernel over 227 KiB of shared memory.
 """
 
 from __future__ import annotations
@@ -12,188 +12,34 @@ import os
 import sys
 import time
 
-import torch
-
 assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
 
-from gpu_compile import compiling_for  # noqa: E402
-
-from portable_kernels.backends.nvidia.kernels import (bf16_gemm, cast_fp4, cast_fp8, fp8_fp4_gemm,  # noqa: E402
-                                                      fp8_gemm, grouped_contiguous, grouped_masked, mla_decode,
-                                                      mla_metadata, moe_expand, moe_gate, moe_reduce,
-                                                      mqa_logits, paged_mqa_logits, swiglu_cast, topk)
-from portable_kernels.backends.nvidia.kernels._common import INTERPRET  # noqa: E402
-
-E4M3 = torch.float8_e4m3fn
-#: shared memory one block may use on H100/H200/B200 (227 KiB, opt-in above 48 KiB)
-MAX_SHARED_BYTES = 227 * 1024
-
-
-def _fp8(*shape):
-    return torch.zeros(*shape, dtype=E4M3)
-
-
-def gemm_specimens(all_configs: bool):
-    def pick(configs):
-        return configs if all_configs else configs[:1]
-
-    for cfg in pick(fp8_gemm.CONFIGS):
-        for packed in (False, True):
-            sfa = torch.zeros(256, 1, dtype=torch.int32) if packed else torch.zeros(256, 2)
-            sfb = torch.zeros(512, 1, dtype=torch.int32) if packed else torch.zeros(4, 2)
-            gran_b = (1, 128) if packed else (128, 128)
-            yield (f"fp8_gemm packed={packed}", lambda: fp8_gemm.fp8_gemm_nt(
-                _fp8(256, 256), sfa, _fp8(512, 256), sfb, torch.empty(256, 512, dtype=torch.bfloat16),
-                torch.zeros(256, 512), gran_b=gran_b, config=cfg))
-    for cfg in pick(bf16_gemm.CONFIGS):
-        yield ("bf16_gemm", lambda: bf16_gemm.bf16_gemm_nt(
-            torch.zeros(256, 256, dtype=torch.bfloat16), torch.zeros(512, 256, dtype=torch.bfloat16),
-            torch.empty(256, 512), config=cfg))
-        yield ("bf16_gemm tn (both MN-major)", lambda: bf16_gemm.bf16_gemm_nt(
-            torch.zeros(256, 256, dtype=torch.bfloat16).mT, torch.zeros(256, 512, dtype=torch.bfloat16).mT,
-            torch.empty(256, 512), config=cfg))
-    for cfg in pick(fp8_fp4_gemm.CONFIGS):
-        yield ("fp8_fp4_gemm", lambda: fp8_fp4_gemm.fp8_fp4_gemm_nt(
-            _fp8(256, 256), torch.zeros(256, 1, dtype=torch.int32), torch.zeros(512, 128, dtype=torch.uint8),
-            torch.zeros(512, 2, dtype=torch.int32), torch.empty(256, 512, dtype=torch.bfloat16),
-            gran_a=(1, 128), gran_b=(1, 32), config=cfg))
-    m_indices = torch.zeros(256, dtype=torch.int32)
-    for cfg in pick(grouped_contiguous.CONFIGS):
-        for psum in (False, True):
-            layout = torch.tensor([256, 256], dtype=torch.int32) if psum else m_indices
-            yield (f"grouped_contiguous fp8 psum={psum}", lambda: grouped_contiguous.m_grouped_gemm_nt_contiguous(
-                _fp8(256, 256), _fp8(2, 512, 256), torch.empty(256, 512, dtype=torch.bfloat16), layout,
-                sfa=torch.zeros(256, 2), sfb=torch.zeros(2, 4, 2), use_psum_layout=psum, config=cfg))
-        yield ("grouped_contiguous bf16", lambda: grouped_contiguous.m_grouped_gemm_nt_contiguous(
-            torch.zeros(256, 256, dtype=torch.bfloat16), torch.zeros(2, 512, 256, dtype=torch.bfloat16),
-            torch.empty(256, 512, dtype=torch.bfloat16), m_indices, config=cfg))
-        yield ("grouped_contiguous bf16 psum align=224", lambda: grouped_contiguous.m_grouped_gemm_nt_contiguous(
-            torch.zeros(256, 256, dtype=torch.bfloat16), torch.zeros(2, 512, 256, dtype=torch.bfloat16),
-            torch.empty(256, 512, dtype=torch.bfloat16), torch.tensor([200, 256], dtype=torch.int32),
-            use_psum_layout=True, alignment=224, config=cfg))
-    for cfg in pick(grouped_masked.CONFIGS):
-        yield ("grouped_masked fp8 sm100", lambda: grouped_masked.m_grouped_gemm_nt_masked(
-            _fp8(2, 128, 256), _fp8(2, 512, 256), torch.empty(2, 128, 512, dtype=torch.bfloat16),
-            torch.zeros(2, dtype=torch.int32), 64, sfa=torch.zeros(2, 128, 1, dtype=torch.int32),
-            sfb=torch.zeros(2, 512, 1, dtype=torch.int32), gran_b=(1, 128), config=cfg))
-        yield ("grouped_masked bf16", lambda: grouped_masked.m_grouped_gemm_nt_masked(
-            torch.zeros(2, 128, 256, dtype=torch.bfloat16), torch.zeros(2, 512, 256, dtype=torch.bfloat16),
-            torch.empty(2, 128, 512), torch.zeros(2, dtype=torch.int32), 64, config=cfg))
-
-
-def cast_specimens(all_configs: bool):
-    x = torch.zeros(64, 512, dtype=torch.bfloat16)
-    for form in ("plain", "sm90", "sm100"):
-        yield (f"cast_fp8 token {form}", lambda: cast_fp8.cast_to_fp8(x, (1, 128), True, form))
-        yield (f"cast_fp8 block {form}", lambda: cast_fp8.cast_to_fp8(x, (128, 128), True, form))
-        yield (f"cast_fp4 {form}", lambda: cast_fp4.cast_to_fp4(x, 32, True, form))
-    yield ("cast_fp4 deep_gemm", lambda: cast_fp4.cast_to_fp4(x, 32, True, "sm100", convention="deep_gemm"))
-    yield ("cast_fp8 token x*(1/sf)", lambda: cast_fp8.cast_to_fp8(x, (1, 128), False, "sm90", multiply_by_inverse=True))
-    yield ("swiglu_cast", lambda: swiglu_cast.swiglu_cast(
-        x, 128, True, torch.zeros(64, dtype=torch.int32), torch.zeros(8, 8), torch.zeros(64, dtype=torch.int32),
-        10.0, torch.zeros(3, dtype=torch.int64), "sm100"))
-    yield ("swiglu_cast plain", lambda: swiglu_cast.swiglu_cast(x, 256, False))
-
-
-def topk_specimens(all_configs: bool):
-    for dtype in (torch.float32, torch.bfloat16):
-        for sorted_ in (False, True):
-            yield (f"topk {dtype} sorted={sorted_}", lambda: topk.topk(
-                torch.zeros(4, 32768, dtype=dtype), 2048, torch.zeros(4, dtype=torch.int32), sorted=sorted_))
-
-
-def mla_specimens(all_configs: bool):
-    b, s_q, h_q = 2, 1, 128
-    seqlens = torch.tensor([100, 5000], dtype=torch.int32)
-    meta, splits = mla_metadata.mla_schedule(seqlens, 8)
-    out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16)
-    lse = torch.empty(b, h_q, s_q)
-    q = torch.zeros(b, s_q, h_q, 576, dtype=torch.bfloat16)
-    table = torch.zeros(b, 80, dtype=torch.int32)
-    bf16_cache = torch.zeros(160, 64, 1, 576, dtype=torch.bfloat16)
-    fp8_cache = torch.zeros(160, 64, 1, 656, dtype=torch.uint8)
-    for split_p in (True, False):
-        yield (f"mla dense bf16 split_p={split_p}", lambda: mla_decode.flash_mla_with_kvcache(
-            q, bf16_cache, table, seqlens, 0.04, False, False, None, meta, splits, out, lse, split_p=split_p))
-    half_q, half_cache = q.half(), bf16_cache.half()
-    half_out = torch.empty(b, s_q, h_q, 512, dtype=torch.float16)
-    yield ("mla dense fp16", lambda: mla_decode.flash_mla_with_kvcache(
-        half_q, half_cache, table, seqlens, 0.04, False, False, None, meta, splits, half_out, lse))
-    yield ("mla dense fp8 causal", lambda: mla_decode.flash_mla_with_kvcache(
-        q, fp8_cache, table, seqlens, 0.04, True, True, None, meta, splits, out, lse))
-    indices = torch.zeros(b, s_q, 2048, dtype=torch.int32)
-    yield ("mla sparse fp8", lambda: mla_decode.flash_mla_with_kvcache(
-        q, fp8_cache, None, None, 0.04, False, True, indices, meta, splits, out, lse))
-
-
-def routing_specimens(all_configs: bool):
-    logits = torch.zeros(64, 256)
-    yield ("moe_gate grouped sigmoid", lambda: moe_gate.top2_sum_gate(
-        logits, torch.zeros(256), 8, 4, 8, 2.5, "sigmoid", True, torch.ones(64, dtype=torch.bool)))
-    yield ("moe_gate sqrtsoftplus", lambda: moe_gate.top2_sum_gate(logits, None, 8, 0, 0, 1.0, "sqrtsoftplus"))
-    yield ("moe_gate softmax fixed routes", lambda: moe_gate.top2_sum_gate(
-        logits, torch.zeros(256), 8, 4, 8, 1.0, "softmax", True, None, torch.zeros(64, 8, dtype=torch.int64),
-        torch.zeros(64, dtype=torch.bool)))
-    ttp = torch.zeros(64, 8, dtype=torch.int32)
-    pte = torch.zeros(1024, dtype=torch.int32)
-    yield ("moe_expand fp8 with sf", lambda: moe_expand.expand_to_fused(
-        _fp8(64, 7168), torch.zeros(64, 56), ttp, pte, _fp8(1024, 7168), torch.zeros(56, 1024).T))
-    yield ("moe_expand bf16", lambda: moe_expand.expand_to_fused(
-        torch.zeros(64, 7168, dtype=torch.bfloat16), None, ttp, pte, torch.zeros(1024, 7168, dtype=torch.bfloat16),
-        None))
-    x = torch.zeros(1024, 7168, dtype=torch.bfloat16)
-    yield ("moe_reduce bf16 weighted", lambda: moe_reduce.reduce_fused(
-        x, torch.zeros(1024), torch.zeros(64, 8), ttp, None, False, torch.empty(64, 7168, dtype=torch.bfloat16)))
-    yield ("moe_reduce fp8", lambda: moe_reduce.reduce_fused(
-        x.float(), None, None, ttp, torch.ones(1), True, _fp8(64, 7168)))
-
-
-def indexer_specimens(all_configs: bool):
-    ranges = (torch.zeros(256, dtype=torch.int32), torch.full((256,), 4096, dtype=torch.int32))
-    for heads, d in ((64, 128), (32, 256), (4, 32)):
-        for dtype in (torch.float32, torch.bfloat16):
-            yield (f"mqa_logits h={heads} d={d} {str(dtype)[6:]}", lambda: mqa_logits.mqa_logits(
-                _fp8(256, heads, d), _fp8(4096, d), torch.zeros(4096), torch.zeros(256, heads, dtype=dtype),
-                *ranges, False, torch.empty(256, 4352, dtype=dtype)[:, :4096]))
-    yield ("mqa_logits compressed", lambda: mqa_logits.mqa_logits(
-        _fp8(256, 64, 128), _fp8(4096, 128), torch.zeros(4096), torch.zeros(256, 64), *ranges, True,
-        torch.empty(256, 4096)))
-    table = torch.zeros(8, 64, dtype=torch.int32)
-    for heads, next_n, block_kv in ((64, 1, 64), (64, 2, 64), (32, 4, 16)):
-        for dtype in (torch.float32, torch.bfloat16):
-            yield (f"paged_mqa_logits h={heads} n={next_n} kv={block_kv} {str(dtype)[6:]}",
-                   lambda: paged_mqa_logits.paged_mqa_logits(
-                       _fp8(8, next_n, heads, 128), torch.zeros(64, block_kv, 1, 132, dtype=torch.uint8),
-                       torch.zeros(8 * next_n, heads, dtype=dtype), torch.zeros(8, next_n, dtype=torch.int32),
-                       table, torch.empty(8 * next_n, 4096, dtype=dtype)))
-
-
-SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens, mla_specimens, routing_specimens, indexer_specimens)
+from portable_kernels.tools.gpu_report.aot import compiling_for  # noqa: E402
+from portable_kernels.tools.gpu_report.report import MAX_SHARED_BYTES_PER_BLOCK  # noqa: E402
+from portable_kernels.tools.gpu_report.specimens import all_specimens  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     arch = argv[0]
-    all_configs = "--all-configs" in argv
-    assert not INTERPRET
     count = 0
-    for family in SPECIMENS:
-        for name, call in family(all_configs):
-            record: list = []
-            start = time.perf_counter()
-            try:
-                with compiling_for(arch, record):
-                    call()
-            except Exception as exc:  # report which specimen failed, with the compiler's message
-                print(f"FAILED {name} for {arch}: {type(exc).__name__}: {exc}", flush=True)
+    for config, name, call in all_specimens("--all-configs" in argv):
+        record: list = []
+        start = time.perf_counter()
+        try:
+            with compiling_for(arch, record):
+                call()
+        except Exception as exc:  # report which specimen failed, with the compiler's message
+            print(f"FAILED {name} (config {config}) for {arch}: {type(exc).__name__}: {exc}", flush=True)
+            return 1
+        for kernel in record:
+            count += 1
+            shared = kernel.metadata.shared
+            if shared > MAX_SHARED_BYTES_PER_BLOCK:
+                print(f"FAILED {name} for {arch}: {kernel.name} needs {shared} B of shared memory (max "
+                      f"{MAX_SHARED_BYTES_PER_BLOCK})", flush=True)
                 return 1
-            for kernel, shared in record:
-                count += 1
-                if shared > MAX_SHARED_BYTES:
-                    print(f"FAILED {name} for {arch}: {kernel} needs {shared} B of shared memory (max "
-                          f"{MAX_SHARED_BYTES})", flush=True)
-                    return 1
-                print(f"{arch} {name:40s} {kernel:32s} shared={shared:6d} B  {time.perf_counter() - start:5.1f} s",
-                      flush=True)
+            print(f"{arch} {name:40s} {kernel.name:32s} shared={shared:6d} B  {time.perf_counter() - start:5.1f} s",
+                  flush=True)
     print(f"COMPILED {count}")
     return 0
 
