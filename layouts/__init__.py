@@ -75,7 +75,12 @@ from .indexer_cache import (
     quantize_indexer_keys,
 )
 from .kv_cache import (
+    ASCEND_FP8_KV,
+    FLASHMLA_FP8_KV,
+    KVCacheFormat,
     ascend_kv_to_flashmla,
+    known_kv_cache_formats,
+    kv_cache_format_named,
     dequantize_fp8_kv_cache,
     flashmla_kv_to_ascend,
     pack_fp8_kv_cache,
@@ -204,6 +209,11 @@ __all__ = [
     # kv cache
     "ascend_kv_to_flashmla",
     "dequantize_fp8_kv_cache",
+    "KVCacheFormat",
+    "FLASHMLA_FP8_KV",
+    "ASCEND_FP8_KV",
+    "kv_cache_format_named",
+    "known_kv_cache_formats",
     "flashmla_kv_to_ascend",
     "pack_fp8_kv_cache",
     "unpack_fp8_kv_cache",

@@ -20,9 +20,17 @@ same three parts in another order, [nope | rope | scales]; `flashmla_kv_to_ascen
 
     FlashMLA  [0, 512) nope | [512, 528) 4 fp32 scales | [528, 656) 64 bf16 rope
     Ascend    [0, 512) nope | [512, 640) 64 bf16 rope  | [640, 656) 4 fp32 scales
+
+A paged cache's byte order is a `KVCacheFormat` value (`FLASHMLA_FP8_KV`, `ASCEND_FP8_KV`): one
+frozen object per order, registered by name, whose `encode` takes FlashMLA's rows (the logical form,
+what the contract's reference reads) to its order and `decode` brings them back, bit for bit.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Callable
 
 import torch
 
@@ -50,6 +58,11 @@ __all__ = [
     "flashmla_kv_to_ascend",
     "ascend_kv_to_flashmla",
     "SCALE_RULES",
+    "KVCacheFormat",
+    "FLASHMLA_FP8_KV",
+    "ASCEND_FP8_KV",
+    "kv_cache_format_named",
+    "known_kv_cache_formats",
 ]
 
 #: how pack_fp8_kv_cache picks a tile's scale: this library's block rule, or FlashMLA's
@@ -175,3 +188,97 @@ def flashmla_kv_to_ascend(packed: torch.Tensor) -> torch.Tensor:
 def ascend_kv_to_flashmla(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of `flashmla_kv_to_ascend`: [nope | rope | scales] tokens back to [nope | scales | rope]."""
     return _move_parts(packed, _ASCEND_PARTS, _FLASHMLA_PARTS)
+
+
+# ---------------------------------------------------------------------------------------------
+# KV-cache Formats: the byte order of a paged FP8 cache, one value per order
+
+
+def _same(packed: torch.Tensor) -> torch.Tensor:
+    _check_packed(packed)
+    return packed
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class KVCacheFormat:
+    """The byte order of the 656-byte FP8 KV row. Compared by identity: one object per name.
+
+    name:   unique, e.g. "ascend-fp8-kv-nope-rope-scales"
+    row:    the row's byte ranges in words, e.g. "[0, 512) nope | [512, 528) 4 fp32 scales | [528, 656) rope"
+    encode: FlashMLA-order rows uint8 [..., 656] -> rows in this order (same shape, new tensor unless
+            the order is FlashMLA's own)
+    decode: rows in this order -> FlashMLA-order rows (the inverse, bit for bit)
+    Every order holds the same three parts, so both are byte moves: exact, any leading shape.
+    """
+
+    name: str
+    row: str
+    encode: Callable[[torch.Tensor], torch.Tensor] = dataclasses.field(repr=False)
+    decode: Callable[[torch.Tensor], torch.Tensor] = dataclasses.field(repr=False)
+
+    def __post_init__(self) -> None:
+        with _KV_LOCK:
+            if self.name in _KV_FORMATS:
+                raise ValueError(f"a KV-cache Format named {self.name!r} is already defined")
+            _KV_FORMATS[self.name] = self
+
+    def dequantize(self, packed: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows in this order -> `[..., 576]` (512 latent, 64 RoPE) in bf16 or fp32, exact."""
+        return dequantize_fp8_kv_cache(self.decode(packed), dtype)
+
+    def check(self, cache: torch.Tensor) -> str | None:
+        """None when `cache` is a paged uint8 [num_blocks, block_size, 1, 656] cache, else why not."""
+        if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8:
+            return f"the cache is {getattr(cache, 'dtype', type(cache).__name__)}, expected uint8"
+        if cache.dim() != 4 or cache.shape[2] != 1 or cache.shape[3] != KV_FP8_BYTES_PER_TOKEN:
+            return (f"the cache has shape {tuple(cache.shape)}, expected [num_blocks, block_size, 1, "
+                    f"{KV_FP8_BYTES_PER_TOKEN}]")
+        return None
+
+    def describe(self) -> str:
+        return f"{self.name}: 656-byte FP8 KV row {self.row}"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def signature(self) -> tuple[str, str]:
+        """What run-time selection keys on: the name (one object per name)."""
+        return ("kv-cache-format", self.name)
+
+    def __reduce__(self) -> tuple[Callable[[str], "KVCacheFormat"], tuple[str]]:
+        return kv_cache_format_named, (self.name,)
+
+
+_KV_LOCK = threading.Lock()
+_KV_FORMATS: dict[str, KVCacheFormat] = {}
+
+
+def kv_cache_format_named(name: str) -> KVCacheFormat:
+    """The KV-cache Format registered under `name`; KeyError listing the known ones if none."""
+    try:
+        return _KV_FORMATS[name]
+    except KeyError:
+        raise KeyError(f"no KV-cache Format named {name!r} (known: {', '.join(sorted(_KV_FORMATS))})") from None
+
+
+def known_kv_cache_formats() -> dict[str, KVCacheFormat]:
+    """Every defined KV-cache Format, by name."""
+    return dict(_KV_FORMATS)
+
+
+#: FlashMLA V3.2's row, the logical form (cpu and nvidia read it as is)
+FLASHMLA_FP8_KV = KVCacheFormat(
+    name="flashmla-fp8-kv-nope-scales-rope",
+    row="[0, 512) e4m3 nope | [512, 528) 4 fp32 scales | [528, 656) 64 bf16 rope",
+    encode=_same,
+    decode=_same,
+)
+
+#: CANN's row for npu_kv_quant_sparse_flash_attention with float8_e4m3fn keys (Ascend 950)
+ASCEND_FP8_KV = KVCacheFormat(
+    name="ascend-fp8-kv-nope-rope-scales",
+    row="[0, 512) e4m3 nope | [512, 640) 64 bf16 rope | [640, 656) 4 fp32 scales",
+    encode=flashmla_kv_to_ascend,
+    decode=ascend_kv_to_flashmla,
+)

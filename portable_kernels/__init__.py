@@ -32,6 +32,7 @@ from .ops.gemm.grouped import (m_grouped_bf16_gemm_nt_contiguous,
 from .ops.gemm.k_grouped import (k_grouped_bf16_gemm_tn_contiguous, k_grouped_fp8_gemm_nt_contiguous,
                              k_grouped_fp8_gemm_tn_contiguous)
 from .ops.attention.decode import MlaMetadata, flash_mla_with_kvcache, get_mla_metadata
+from .ops.attention.kv_cache import PreparedKVCache, allocate_kv_cache, write_kv_cache
 from .ops.attention.indexer import fp8_mqa_logits, fp8_paged_mqa_logits, get_paged_mqa_logits_metadata
 from .ops.moe_routing import (FusedMapping, aux_fi, expand_to_fused, expand_to_fused_with_sf, get_fused_mapping, group_count,
                           inplace_unique_group_indices, map_to_physical_experts, mask_indices_by_tp, normalize_weight,
@@ -72,7 +73,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",
     "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked",
     "k_grouped_bf16_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous",
-    "MlaMetadata", "flash_mla_with_kvcache", "fp8_mqa_logits", "fp8_paged_mqa_logits", "get_paged_mqa_logits_metadata", "get_mla_metadata", "flash_attn_varlen_func", "flash_mla_sparse_fwd",
+    "MlaMetadata", "PreparedKVCache", "allocate_kv_cache", "write_kv_cache", "flash_mla_with_kvcache", "fp8_mqa_logits", "fp8_paged_mqa_logits", "get_paged_mqa_logits_metadata", "get_mla_metadata", "flash_attn_varlen_func", "flash_mla_sparse_fwd",
     "Backend", "BackendUnavailableError", "EPTimeoutError", "Format", "Inputs", "Limit", "PLAIN", "ContractError", "ImplicitConversionWarning", "LayoutError",
     "LayoutTag", "NoKernelError", "OpContract", "PortableKernelsError", "PreparedTensor", "Provider",
     "QuantArg", "QuantTensor", "Registry", "Tolerance", "available_backends", "bf16_gemm_nt", "calc_diff",

@@ -9,6 +9,8 @@ scales). Where quantized operands are stored (docs/ascend.md, *Byte formats at i
   scales="fp32": `PLAIN` (DeepGEMM's fp32 scales), read by npu_quant_matmul's G-B mode as is.
 - Atlas A2/A3 (no FP8): weights dequantized once at ingest, `ASCEND_BF16_VALUES` (exact for
   power-of-two scales) or with scales="fp32" `ASCEND_FP32_VALUES`; activations `PLAIN`.
+- The 656-byte FP8 KV cache (`kv_cache_format`): Ascend 950 `ASCEND_FP8_KV` (CANN's [nope | rope |
+  scales]); A2/A3 `FLASHMLA_FP8_KV` (read as bf16 per call: no exact int8 form).
 
 Providers: "torch_npu..." (torch_npu_providers.py) call the CANN operators torch_npu documents, per
 chip; they need torch_npu and NPU tensors (tests hand them a stand-in instead). The
@@ -22,8 +24,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import torch
-from portable_kernels.layouts import (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MOE_ALIGNMENT, ASCEND_MX_KMAJOR,
-                                      PLAIN)
+from portable_kernels.layouts import (ASCEND_BF16_VALUES, ASCEND_FP8_KV, ASCEND_FP32_VALUES, ASCEND_MOE_ALIGNMENT,
+                                      ASCEND_MX_KMAJOR, FLASHMLA_FP8_KV, PLAIN, KVCacheFormat)
 
 from portable_kernels.core.contract import QuantArg
 from portable_kernels.core.formats import Format
@@ -74,6 +76,12 @@ class AscendBackend(Backend):
 
     def formats(self) -> tuple[Format, ...]:
         return (ASCEND_MX_KMAJOR, PLAIN, ASCEND_BF16_VALUES, ASCEND_FP32_VALUES)
+
+    def kv_cache_format(self, options: Mapping[str, Any]) -> KVCacheFormat:
+        """950: CANN's row order; A2/A3 read FlashMLA's rows as bf16 (their KV-quant op takes int8 nope
+        values, which cannot carry e4m3 exactly), so their cache stays in FlashMLA's order."""
+        chip = options.get("soc") or runtime.detected_chip() or chips.DEFAULT_CHIP
+        return ASCEND_FP8_KV if chips.has_fp8(chip) else FLASHMLA_FP8_KV
 
 
 def register(registry: Registry) -> None:

@@ -57,6 +57,8 @@ class OpContract:
                 layout-reference oracle decodes its own bytes to PLAIN and calls it
     kernel_formats: Formats the reference kernel is limited to per inputs field beyond its
                 operands (the quantizers emit PLAIN scales only: {"out_format": (PLAIN,)})
+    cache_args: arguments that are paged FP8 KV caches (core.kv_cache): prepare_inputs brings them
+                into the backend's KV-cache Format
     """
 
     name: str
@@ -65,6 +67,7 @@ class OpContract:
     quant_args: tuple[QuantArg, ...] = ()
     kernel: Callable[..., Any] | None = None
     kernel_formats: Mapping[str, tuple[Format, ...]] = attrs.field(factory=dict)
+    cache_args: tuple[str, ...] = ()
 
     def quant_arg(self, name: str) -> QuantArg:
         for qa in self.quant_args:

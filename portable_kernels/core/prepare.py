@@ -21,6 +21,7 @@ from .formats import Format
 from ..layouts.errors import LayoutConversionError
 from ..layouts.ue8m0 import is_power_of_two
 from .native.layout_encoders import accelerated_encode
+from .kv_cache import PreparedKVCache, cache_bytes, cache_format_for, to_cache_format
 from .registry import Backend, Selection, common_device, select_backend
 from .tensors import PreparedTensor, QuantTensor
 
@@ -113,7 +114,9 @@ def prepare_inputs(op: str | Callable[..., Any], *, device: str | torch.device |
     tensors: the op's arguments by name; quantized ones may be QuantTensors or (data, scale) tuples
 
     Returns a dict of the same names: quantized arguments become PreparedTensors holding their
-    Format and backend; the others are returned as given (moved to `device`). Converting scales
+    Format and backend; FP8 KV caches (the contract's cache_args, e.g. flash_mla_with_kvcache's
+    k_cache) become PreparedKVCaches in the backend's KV-cache Format; the others are returned as
+    given (moved to `device`). Converting scales
     that are not powers of two into an exponent-only Format raises LayoutError.
     """
     contract = get_contract(op)
@@ -128,9 +131,13 @@ def prepare_inputs(op: str | Callable[..., Any], *, device: str | torch.device |
     quant_names = {qa.name for qa in contract.quant_args}
     logical: dict[str, QuantTensor | PreparedTensor] = {}
     plain: dict[str, Any] = {}
+    cache_formats = {}
     for name, value in tensors.items():
         if name in quant_names:
             logical[name] = _move(quant_operand(contract, name, value), dev)
+        elif name in contract.cache_args:
+            value, cache_formats[name] = cache_bytes(value)
+            plain[name] = _move(value, dev)
         else:
             plain[name] = _move(value, dev)
     tags = {n: (v.backend, v.params) for n, v in logical.items() if isinstance(v, PreparedTensor)}
@@ -141,4 +148,17 @@ def prepare_inputs(op: str | Callable[..., Any], *, device: str | torch.device |
     selection = select_backend(contract.name, common_device(contract.name, involved), tags, requested=backend,
                                options=chosen or None)
     prepared = {n: to_backend(contract, n, v, selection, implicit=False) for n, v in logical.items()}
+    for name, have in cache_formats.items():
+        plain[name] = prepare_kv_cache(plain[name], have, selection)
     return {**plain, **prepared}
+
+
+def prepare_kv_cache(data: Any, have: Any, selection: Selection) -> Any:
+    """A cache's bytes in `have`'s order -> a PreparedKVCache in `selection`'s KV-cache Format (once,
+    not counted); a cache without a Format (a bf16 cache, have None) is returned as given."""
+    if have is None:
+        return data
+    backend = selection.backend
+    want = cache_format_for(backend, selection.options)
+    return PreparedKVCache(to_cache_format(data, have, want), want, backend.name,
+                           backend_params(backend, dict(selection.options)))

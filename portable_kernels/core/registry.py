@@ -26,6 +26,7 @@ import torch
 from .contract import QuantArg, contracts
 from .errors import BackendUnavailableError, ContractError, LayoutError, NoKernelError
 from .formats import PLAIN, Format
+from ..layouts.kv_cache import FLASHMLA_FP8_KV, KVCacheFormat
 from .providers import CheckFn, KernelFn, Limit, Provider, first_accepting
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,10 @@ class Backend:
     def formats(self) -> tuple[Format, ...]:
         """Every Format `format_for` may answer (for doctor and validation)."""
         return (PLAIN,)
+
+    def kv_cache_format(self, options: Mapping[str, Any]) -> KVCacheFormat:
+        """The byte order its decode kernels read the 656-byte FP8 KV cache in. Default: FlashMLA's."""
+        return FLASHMLA_FP8_KV
 
 
 #: (backend name, options as sorted pairs) forced by use_backend, or None

@@ -18,7 +18,7 @@ import torch
 from portable_kernels.core.checks import checks_values
 from portable_kernels.core.errors import BackendUnavailableError
 from portable_kernels.ops.attention.decode import reject_bad_cache_references
-from portable_kernels.layouts import (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX_KMAJOR, PLAIN,
+from portable_kernels.layouts import (ASCEND_FP8_KV, FLASHMLA_FP8_KV, ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX_KMAJOR, PLAIN,
                                       ascend_mx_kmajor_encode_from_blocks)
 from portable_kernels.core.providers import Limit
 from portable_kernels.ops.quant.fp8 import nonfinite_ue8m0_error
@@ -378,6 +378,13 @@ def _fp8_cache(inputs: Any) -> list[str]:
     return [] if inputs.is_fp8_kvcache else ["this provider reads the FP8 656-byte cache"]
 
 
+def _cann_rows(inputs: Any) -> list[str]:
+    if inputs.k_cache_format is ASCEND_FP8_KV:
+        return []
+    return [f"this provider reads the FP8 cache in CANN's row order ({ASCEND_FP8_KV.name}), not "
+            f"{getattr(inputs.k_cache_format, 'name', None)}"]
+
+
 def _bf16_cache(inputs: Any) -> list[str]:
     return [] if not inputs.is_fp8_kvcache else ["this provider reads a bf16 cache"]
 
@@ -389,15 +396,16 @@ def _mla(kind: str) -> Callable[[Any], None]:
             return
         npu = _npu()
         args = (call.q, call.k_cache)
+        fmt = call.k_cache_format or FLASHMLA_FP8_KV  # the cache's row order, as the op delivered it
         if kind == "fia":
             npu_mla.dense_decode_fused_infer(npu, *args, call.block_table, call.cache_seqlens, call.softmax_scale,
-                                             call.causal, call.out, call.lse)
+                                             call.causal, call.out, call.lse, cache_format=fmt)
         elif call.indices is not None:
             npu_mla.sparse_decode(npu, *args, call.indices, call.softmax_scale, call.out, call.lse,
-                                  fp8_op=kind == "kvq")
+                                  fp8_op=kind == "kvq", cache_format=fmt)
         else:
             npu_mla.dense_decode_as_sparse(npu, *args, call.block_table, call.cache_seqlens, call.softmax_scale,
-                                           call.causal, call.out, call.lse, fp8_op=kind == "kvq")
+                                           call.causal, call.out, call.lse, fp8_op=kind == "kvq", cache_format=fmt)
     return run
 
 
@@ -417,7 +425,7 @@ def _register_mla(registry: Registry) -> None:
     kernel("flash_mla_with_kvcache", "ascend", PROVIDER + "-kvquant-sfa", priority=PRIORITY, devices=("npu", "cpu"),
            limits=mla_limits,
            check=_on(("950",), "npu_kv_quant_sparse_flash_attention with float8_e4m3fn keys",
-                     _both(_fp8_cache, _heads("950-kvq"))),
+                     _both(_fp8_cache, _cann_rows, _heads("950-kvq"))),
            shape_class=heads_class,
            doc="npu_kv_quant_sparse_flash_attention on CANN-order 656-byte rows, sparse and dense (Ascend 950)"
            )(_mla("kvq"))

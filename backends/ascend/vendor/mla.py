@@ -5,7 +5,11 @@ CANN op wants it (one pass over the read set, never over the whole cache):
 
 - bf16 rows [nope 512 | rope 64] (FlashMLA's FP8 rows dequantized exactly: e4m3 x 2^e fits bf16),
   split into the contiguous `key` / `key_rope` tensors the ops require;
-- or, on Ascend 950, FP8 rows in CANN's order [nope | rope | scales] (`flashmla_kv_to_ascend`).
+- or, on Ascend 950, the FP8 rows as they are: the cache is already in CANN's order
+  [nope | rope | scales] (`layouts.ASCEND_FP8_KV`, converted once by prepare_inputs or written so by
+  write_kv_cache; a cache in FlashMLA's order is converted by the op before the provider, counted).
+
+`cache_format` is the byte order of the FP8 cache handed in (the backend's `kv_cache_format`).
 
 The compact cache gets identity block tables, so FlashMLA's absolute cache slots (sparse `indices`)
 become positions 0..L-1 of each batch's compact sequence, which is what CANN's indices are; -1
@@ -26,8 +30,7 @@ from typing import Any
 
 import torch
 
-from portable_kernels.layouts import (KV_LATENT_DIM, ascend_kv_to_flashmla, dequantize_fp8_kv_cache,
-                                      flashmla_kv_to_ascend)
+from portable_kernels.layouts import ASCEND_FP8_KV, FLASHMLA_FP8_KV, KV_LATENT_DIM, KVCacheFormat
 
 #: CANN's optimized rightDownCausal mask for sparse_mode 3: (2048, 2048), upper triangle masked
 CAUSAL_MASK_SIZE = 2048
@@ -54,15 +57,17 @@ def causal_mask(device: torch.device) -> torch.Tensor:
 
 # -- compact caches -------------------------------------------------------------------------------------
 
-def _rows(k_cache: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, form: str) -> torch.Tensor:
+def _rows(k_cache: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, form: str,
+          cache_format: KVCacheFormat) -> torch.Tensor:
     """Cache rows at absolute `slots` in `form` ("bf16": [.., 576] bf16; "ascend-fp8": [.., 656] uint8 in
-    CANN's order); invalid entries read slot 0 and are zeroed."""
+    CANN's order, read as they are); invalid entries read slot 0 and are zeroed."""
+    if form == "ascend-fp8" and cache_format is not ASCEND_FP8_KV:
+        raise ValueError(f"the KV-quant op reads rows in {ASCEND_FP8_KV.name} order, got a {cache_format.name} "
+                         f"cache (flash_mla_with_kvcache converts the cache before the provider)")
     flat = k_cache.reshape(k_cache.shape[0] * k_cache.shape[1], k_cache.shape[-1])
     rows = flat[torch.where(valid, slots, 0).long()]
-    if form == "ascend-fp8":
-        rows = flashmla_kv_to_ascend(rows)
-    elif rows.dtype == torch.uint8:
-        rows = dequantize_fp8_kv_cache(rows)
+    if form != "ascend-fp8" and rows.dtype == torch.uint8:
+        rows = cache_format.dequantize(rows)
     return torch.where(valid[..., None], rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
 
 
@@ -76,24 +81,26 @@ def _paged(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return padded.view(b * per, COMPACT_BLOCK, 1, d), table
 
 
-def compact_dense(k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor, form: str):
+def compact_dense(k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor, form: str,
+                  cache_format: KVCacheFormat = FLASHMLA_FP8_KV):
     """The tokens of every sequence, compacted: (cache, block_table, lengths int32 [b], rows [b, S, D])."""
     b, bs = cache_seqlens.shape[0], k_cache.shape[1]
     s_max = max(int(cache_seqlens.max()), 1) if b else 1
     pos = torch.arange(s_max, device=k_cache.device)
     valid = pos[None, :] < cache_seqlens[:, None]
     blocks = block_table.long().gather(1, torch.where(valid, pos // bs, 0))
-    rows = _rows(k_cache, blocks * bs + pos % bs, valid, form)
+    rows = _rows(k_cache, blocks * bs + pos % bs, valid, form, cache_format)
     cache, table = _paged(rows)
     return cache, table, cache_seqlens.to(torch.int32), rows
 
 
-def compact_sparse(k_cache: torch.Tensor, indices: torch.Tensor, form: str):
+def compact_sparse(k_cache: torch.Tensor, indices: torch.Tensor, form: str,
+                   cache_format: KVCacheFormat = FLASHMLA_FP8_KV):
     """The slots named by `indices` [b, s_q, topk], compacted per batch: (cache, block_table, lengths,
     positions int32 [b, s_q, 1, topk] valid-first, rows [b, s_q·topk, D], visible [b, s_q, topk])."""
     b, s_q, topk = indices.shape
     valid = indices >= 0
-    rows = _rows(k_cache, indices.reshape(b, s_q * topk), valid.reshape(b, s_q * topk), form)
+    rows = _rows(k_cache, indices.reshape(b, s_q * topk), valid.reshape(b, s_q * topk), form, cache_format)
     cache, table = _paged(rows)
     pos = torch.arange(s_q * topk, dtype=torch.int32, device=indices.device).view(1, s_q, topk)
     positions = torch.where(valid, pos, -1)
@@ -129,7 +136,7 @@ def _lse_and_empty_rows(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tens
 def _row_keys(rows: torch.Tensor) -> torch.Tensor:
     """fp32 [.., 576] keys of compact rows (CANN-order FP8 rows dequantized)."""
     if rows.dtype == torch.uint8:
-        return dequantize_fp8_kv_cache(ascend_kv_to_flashmla(rows), torch.float32)
+        return ASCEND_FP8_KV.dequantize(rows, torch.float32)
     return rows.float()
 
 
@@ -170,11 +177,12 @@ def _sfa_fp8(npu, q, cache, table, lengths, positions, mode, scale):
 
 
 def sparse_decode(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
-                  out: torch.Tensor, lse: torch.Tensor, fp8_op: bool) -> None:
+                  out: torch.Tensor, lse: torch.Tensor, fp8_op: bool,
+                  cache_format: KVCacheFormat = FLASHMLA_FP8_KV) -> None:
     """Sparse decode (FlashMLA's absolute-slot `indices` [b, s_q, topk]). fp8_op: Ascend 950's KV-quant op
-    on CANN-order FP8 rows; else npu_sparse_flash_attention on bf16 rows."""
+    on a CANN-order FP8 cache (cache_format ASCEND_FP8_KV); else npu_sparse_flash_attention on bf16 rows."""
     form = "ascend-fp8" if fp8_op else "bf16"
-    cache, table, lengths, positions, rows, visible = compact_sparse(k_cache, indices, form)
+    cache, table, lengths, positions, rows, visible = compact_sparse(k_cache, indices, form, cache_format)
     call = _sfa_fp8 if fp8_op else _sfa_bf16
     out.copy_(call(npu, q, cache, table, lengths, positions, SPARSE_MODE_FULL, softmax_scale))
     b, s_q, topk = indices.shape
@@ -184,11 +192,11 @@ def sparse_decode(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, indices: tor
 
 def dense_decode_as_sparse(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                            cache_seqlens: torch.Tensor, softmax_scale: float, causal: bool, out: torch.Tensor,
-                           lse: torch.Tensor, fp8_op: bool) -> None:
+                           lse: torch.Tensor, fp8_op: bool, cache_format: KVCacheFormat = FLASHMLA_FP8_KV) -> None:
     """Dense decode through a sparse op over every position 0..s_k-1 (sparse_mode 3 for causal)."""
     s_q = q.shape[1]
     form = "ascend-fp8" if fp8_op else "bf16"
-    cache, table, lengths, rows = compact_dense(k_cache, block_table, cache_seqlens, form)
+    cache, table, lengths, rows = compact_dense(k_cache, block_table, cache_seqlens, form, cache_format)
     s_max = rows.shape[1]
     mode = SPARSE_MODE_RIGHT_DOWN_CAUSAL if causal and s_q > 1 else SPARSE_MODE_FULL
     call = _sfa_fp8 if fp8_op else _sfa_bf16
@@ -199,7 +207,7 @@ def dense_decode_as_sparse(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, blo
 
 def dense_decode_fused_infer(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                              cache_seqlens: torch.Tensor, softmax_scale: float, causal: bool, out: torch.Tensor,
-                             lse: torch.Tensor) -> None:
+                             lse: torch.Tensor, cache_format: KVCacheFormat = FLASHMLA_FP8_KV) -> None:
     """Atlas A2/A3 dense decode through npu_fused_infer_attention_score (MLA, TND, lse from the op).
 
     Empty sequences are not sent (out 0, lse +inf). A causal batch with fewer keys than queries would
@@ -215,7 +223,7 @@ def dense_decode_fused_infer(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, b
     if full:
         rows = torch.tensor(full, device=q.device)
         lengths = cache_seqlens.index_select(0, rows)
-        cache, table, _, _ = compact_dense(k_cache, block_table.index_select(0, rows), lengths, "bf16")
+        cache, table, _, _ = compact_dense(k_cache, block_table.index_select(0, rows), lengths, "bf16", cache_format)
         nope, rope = _split(cache)
         nb = cache.shape[0]
         qs = q.index_select(0, rows).reshape(len(full) * s_q, h_q, -1)
@@ -235,6 +243,7 @@ def dense_decode_fused_infer(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, b
         o = torch.empty(len(short), *out.shape[1:], dtype=out.dtype, device=out.device)
         l_ = torch.empty(len(short), *lse.shape[1:], dtype=lse.dtype, device=lse.device)
         dense_decode_as_sparse(npu, q.index_select(0, rows), k_cache, block_table.index_select(0, rows),
-                               cache_seqlens.index_select(0, rows), softmax_scale, causal, o, l_, fp8_op=False)
+                               cache_seqlens.index_select(0, rows), softmax_scale, causal, o, l_, fp8_op=False,
+                               cache_format=cache_format)
         out.index_copy_(0, rows, o)
         lse.index_copy_(0, rows, l_)

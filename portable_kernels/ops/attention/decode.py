@@ -26,7 +26,9 @@ from ...core.contract import OpContract, Tolerance, checks_values, public_op, re
 from ...core.dispatch import plan_for, run_plan
 from ...core.errors import ContractError, format_problem
 from ...layouts.constants import KV_FP8_BYTES_PER_TOKEN, KV_HEAD_DIM, KV_LATENT_DIM
-from ...layouts.kv_cache import dequantize_fp8_kv_cache
+from ...layouts.kv_cache import FLASHMLA_FP8_KV, KVCacheFormat, dequantize_fp8_kv_cache
+from ...core.kv_cache import PreparedKVCache, cache_bytes, cache_format_for, convert_cache_in_call
+from ...core.registry import forced_key, use_backend
 from ...core.providers import Inputs
 from ...core.tensors import describe
 
@@ -173,7 +175,9 @@ class MlaDecodeInputs(Inputs):
     k_cache bf16 [blocks, block_size, h_kv, d] or uint8 [blocks, block_size, 1, 656]; block_table,
     cache_seqlens (None allowed with indices); indices None or int32 [b, s_q, topk];
     tile_scheduler_metadata: the MlaMetadata of this backend (its `.tensors` are the backend's own);
-    num_splits: its num_splits; out bf16 [b, s_q, h_q, 512] and lse fp32 [b, h_q, s_q] to write."""
+    num_splits: its num_splits; out bf16 [b, s_q, h_q, 512] and lse fp32 [b, h_q, s_q] to write;
+    k_cache_format: the byte order of an FP8 cache's rows (the selected backend's
+    `kv_cache_format`, already converted: providers read it as is), None for a bf16 cache."""
 
     q: torch.Tensor
     k_cache: torch.Tensor
@@ -188,6 +192,7 @@ class MlaDecodeInputs(Inputs):
     num_splits: torch.Tensor | None
     out: torch.Tensor
     lse: torch.Tensor
+    k_cache_format: KVCacheFormat | None = None
     device_field = "q"
 
     def dims(self) -> dict[str, int]:
@@ -210,7 +215,10 @@ def flash_mla_with_kvcache_kernel(call: MlaDecodeInputs) -> None:
     reject_bad_cache_references(call)
     if call.out.numel() == 0:
         return
-    o, s = mla_decode_reference(call.q, call.k_cache, call.block_table, call.cache_seqlens, call.head_dim_v,
+    k_cache = call.k_cache
+    if call.k_cache_format is not None and call.k_cache_format is not FLASHMLA_FP8_KV:
+        k_cache = call.k_cache_format.decode(k_cache)  # the oracle reads the logical rows
+    o, s = mla_decode_reference(call.q, k_cache, call.block_table, call.cache_seqlens, call.head_dim_v,
                                 call.softmax_scale, call.causal, call.is_fp8_kvcache, call.indices,
                                 dtype=torch.float32)
     call.out.copy_(o)
@@ -221,7 +229,7 @@ GET_MLA_METADATA = register_contract(OpContract(
     "get_mla_metadata", mla_metadata_reference, Tolerance(0.0), (), get_mla_metadata_kernel))
 FLASH_MLA_WITH_KVCACHE = register_contract(OpContract(
     "flash_mla_with_kvcache", mla_decode_reference, Tolerance(dequantized=5e-6, unquantized=2e-3), (),
-    flash_mla_with_kvcache_kernel))
+    flash_mla_with_kvcache_kernel, cache_args=("k_cache", "extra_k_cache")))
 
 
 # -- the metadata value ----------------------------------------------------------------------------
@@ -469,7 +477,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     q:             bf16 (or fp16 for a dense cache) [b, s_q, h_q, d], d = 576 (512 latent + 64 RoPE) or 512
     k_cache:       [num_blocks, block_size, h_kv, d] of q's dtype (h_q a multiple of h_kv), or with
                    is_fp8_kvcache uint8 (or the same bytes as float8_e4m3fn) [num_blocks, block_size, 1, 656]
-                   (layouts.pack_fp8_kv_cache; d = 576)
+                   (layouts.pack_fp8_kv_cache; d = 576) in FlashMLA's row order, or a PreparedKVCache
+                   (prepare_inputs(flash_mla_with_kvcache, k_cache=...), allocate_kv_cache) whose rows
+                   are in its backend's order; a cache in another order than the selected backend's
+                   is converted in the call (whole cache, counted by implicit_conversions())
     block_table:   int32 [b, max_blocks]; token t of sequence i is at slot (block_table[i, t // block_size],
                    t % block_size); entries past a sequence's blocks are never read (None allowed with indices)
     cache_seqlens: int32 [b], 0 <= s_k <= max_blocks·block_size (None allowed with indices)
@@ -493,6 +504,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     before the kernel; on accelerators they would need a device sync and are left to the kernel.
     """
     if is_compiling():
+        if isinstance(k_cache, PreparedKVCache) or isinstance(extra_k_cache, PreparedKVCache):
+            raise ContractError(format_problem("flash_mla_with_kvcache", "k_cache", repr(k_cache),
+                                               "a plain tensor under torch.compile",
+                                               "pass the cache's bytes (FlashMLA's order) when compiling"))
         return compiled_call("flash_mla_with_kvcache", q, k_cache, block_table, cache_seqlens, head_dim_v,
                              tile_scheduler_metadata, num_splits, softmax_scale, causal, is_fp8_kvcache, indices,
                              attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length,
@@ -522,9 +537,19 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
 
 def _as_bytes(cache: Any, is_fp8_kvcache: bool) -> Any:
     """The FP8 cache handed over as float8_e4m3fn (as FlashMLA's tests do) is the same bytes: view them."""
+    if isinstance(cache, PreparedKVCache):
+        return cache
     if is_fp8_kvcache and isinstance(cache, torch.Tensor) and cache.dtype == torch.float8_e4m3fn:
         return cache.view(torch.uint8)
     return cache
+
+
+def _plan(inputs: MlaDecodeInputs, tag: tuple[str, tuple] | None) -> Any:
+    """The call's plan; a prepared cache's tag selects its backend unless use_backend forces one."""
+    if tag is None or forced_key() is not None:
+        return plan_for(FLASH_MLA_WITH_KVCACHE, inputs)
+    with use_backend(tag[0], **dict(tag[1])):
+        return plan_for(FLASH_MLA_WITH_KVCACHE, inputs)
 
 
 def _refuse_sparse_extras(op: str, extras: tuple) -> None:
@@ -544,6 +569,8 @@ def _decode(q: torch.Tensor, k_cache: Any, block_table: Any, cache_seqlens: Any,
     b, s_q, h_q, d = q.shape
     check_bool(op, "is_fp8_kvcache", is_fp8_kvcache)
     check_bool(op, "causal", causal)
+    tag = (k_cache.backend, k_cache.params) if isinstance(k_cache, PreparedKVCache) else None
+    k_cache, cache_format = cache_bytes(k_cache)
     if not is_int(head_dim_v) or head_dim_v != HEAD_DIM_V:
         raise ContractError(format_problem(op, "head_dim_v", describe(head_dim_v), HEAD_DIM_V,
                                            f"pass head_dim_v={HEAD_DIM_V} (V is K's latent part)"))
@@ -580,8 +607,14 @@ def _decode(q: torch.Tensor, k_cache: Any, block_table: Any, cache_seqlens: Any,
     if lse is None:
         lse = torch.empty(b, h_q, s_q, dtype=LSE_DTYPE, device=q.device)
     inputs = MlaDecodeInputs(q, k_cache, block_table, cache_seqlens, head_dim_v, float(softmax_scale), causal,
-                             is_fp8_kvcache, indices, meta, meta.num_splits, out, lse)
-    plan = plan_for(FLASH_MLA_WITH_KVCACHE, inputs)
+                             is_fp8_kvcache, indices, meta, meta.num_splits, out, lse, cache_format)
+    plan = _plan(inputs, tag)
+    if cache_format is not None:
+        want = cache_format_for(plan.selection.backend, plan.selection.options)
+        if want is not cache_format:  # the slow path: the whole cache, counted (prepare it once instead)
+            k_cache = convert_cache_in_call(op, cache_arg, k_cache, cache_format, want, plan.backend)
+            inputs = inputs.replace(k_cache=k_cache, k_cache_format=want)
+            plan = _plan(inputs, tag)
     if meta.backend != plan.backend:
         raise ContractError(format_problem(op, "tile_scheduler_metadata", f"computed by backend {meta.backend!r}",
                                            f"metadata of backend {plan.backend!r}, which runs this call",

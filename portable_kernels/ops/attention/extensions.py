@@ -20,6 +20,7 @@ import torch
 from ...core.checks import check_tensor
 from ...core.errors import ContractError, format_problem
 from ...core.contract import checks_values
+from ...core.kv_cache import PreparedKVCache, cache_bytes, convert_cache_in_call
 from .decode import (FLASH_MLA_WITH_KVCACHE, FP8_KV_HEADS, INDEX_DTYPE, INVALID_INDEX, SINK_DTYPE, _check_cache,
                   _check_indices_values, _check_metadata, _decode, get_mla_metadata)
 from ...core.tensors import describe
@@ -100,12 +101,20 @@ def sparse_decode_with_extras(q: torch.Tensor, k_cache: Any, head_dim_v: Any, me
         if not is_fp8_kvcache:  # raises the plain call's error (sparse decode needs the FP8 cache)
             _decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, softmax_scale, causal,
                     is_fp8_kvcache, indices, out, lse)
+        prepared = k_cache if isinstance(k_cache, PreparedKVCache) else None
+        k_cache, fmt = cache_bytes(k_cache)
+        extra_tag = getattr(extra_k_cache, "backend", "cpu")
+        extra_k_cache, extra_fmt = cache_bytes(extra_k_cache)
         _check_cache(op, q, k_cache, True)
         _check_cache(op, q, extra_k_cache, True, "extra_k_cache")
+        if extra_fmt is not fmt:  # both caches' rows go into one joint cache: one order
+            extra_k_cache = convert_cache_in_call(op, "extra_k_cache", extra_k_cache, extra_fmt, fmt, extra_tag)
         for cache, idx in ((k_cache, indices), (extra_k_cache, extra_indices)):
             if checks_values(idx):
                 _check_indices_values(op, idx, cache)
         cache, joint = joint_cache(k_cache, indices, extra_k_cache, limit_topk(extra_indices, extra_topk_length))
+        if prepared is not None:  # the joint rows keep the cache's order and backend
+            cache = PreparedKVCache(cache, fmt, prepared.backend, prepared.params)
         lengths = torch.zeros(b, dtype=INDEX_DTYPE, device=q.device)  # sparse metadata reads only the batch size
         joint_meta, _ = get_mla_metadata(lengths, s_q * h_q // FP8_KV_HEADS, FP8_KV_HEADS, h_q, True, joint.shape[-1])
         out, lse = _decode(q, cache, None, None, head_dim_v, joint_meta, None, softmax_scale, False, True, joint, out,

@@ -11,7 +11,7 @@ import torch
 
 from ascend_stub import StandInError, make_stand_in
 from portable_kernels.backends.ascend.vendor import mla as npu_mla
-from portable_kernels.layouts import ascend_kv_to_flashmla
+from portable_kernels.layouts import ASCEND_FP8_KV, ascend_kv_to_flashmla
 from portable_kernels.ops.attention.decode import HEAD_DIM_V, mla_decode_reference
 from portable_kernels.testing.generators import poison, randn
 from portable_kernels.testing.mla_cases import build_paged_cache, check_decode, random_indices, random_kv
@@ -84,7 +84,8 @@ def test_sparse_fp8_on_950_reads_cann_rows():
     npu = make_stand_in("950")
     paged, q, out, lse = _setup((100, 0, 7), 2, 16, block_size=16, fp8=True, seed=7)
     indices = random_indices(paged, 2, 32, seed=8)[0]
-    npu_mla.sparse_decode(npu, q, paged.k_cache, indices, SCALE, out, lse, fp8_op=True)
+    npu_mla.sparse_decode(npu, q, ASCEND_FP8_KV.encode(paged.k_cache), indices, SCALE, out, lse, fp8_op=True,
+                          cache_format=ASCEND_FP8_KV)
     check_decode(out, lse, *_reference(q, paged, False, indices))
     assert npu.calls == ["npu_kv_quant_sparse_flash_attention"]
 
@@ -94,14 +95,16 @@ def test_fp8_keys_are_refused_by_the_kv_quant_op_on_a2_a3():
     paged, q, out, lse = _setup((20,), 1, 16, block_size=16, fp8=True)
     indices = random_indices(paged, 1, 8, seed=1)[0]
     with pytest.raises(StandInError, match="int8"):
-        npu_mla.sparse_decode(npu, q, paged.k_cache, indices, SCALE, out, lse, fp8_op=True)
+        npu_mla.sparse_decode(npu, q, ASCEND_FP8_KV.encode(paged.k_cache), indices, SCALE, out, lse, fp8_op=True,
+                              cache_format=ASCEND_FP8_KV)
 
 
 def test_the_kv_quant_op_reads_cann_order_not_flashmla_order():
     npu = make_stand_in("950")
     paged, q, _, _ = _setup((30,), 1, 16, block_size=16, fp8=True, seed=9)
     indices = random_indices(paged, 1, 8, seed=10, invalid_fraction=0.0)[0]
-    cache, table, lengths, positions, _, _ = npu_mla.compact_sparse(paged.k_cache, indices, "ascend-fp8")
+    cache, table, lengths, positions, _, _ = npu_mla.compact_sparse(ASCEND_FP8_KV.encode(paged.k_cache), indices,
+                                                                    "ascend-fp8", ASCEND_FP8_KV)
     right = npu_mla._sfa_fp8(npu, q, cache, table, lengths, positions, 0, SCALE)
     wrong = npu_mla._sfa_fp8(npu, q, ascend_kv_to_flashmla(cache), table, lengths, positions, 0, SCALE)
     ref_out, _ = _reference(q, paged, False, indices)
@@ -113,8 +116,9 @@ def test_the_kv_quant_op_reads_cann_order_not_flashmla_order():
 def test_dense_on_950_as_sparse_over_every_position(fp8, causal, s_q):
     npu = make_stand_in("950")
     paged, q, out, lse = _setup((70, 1, 130), s_q, 16, fp8=fp8, seed=11)
-    npu_mla.dense_decode_as_sparse(npu, q, paged.k_cache, paged.block_table, paged.cache_seqlens, SCALE, causal,
-                                   out, lse, fp8_op=fp8)
+    cache, fmt = (ASCEND_FP8_KV.encode(paged.k_cache), ASCEND_FP8_KV) if fp8 else (paged.k_cache, None)
+    npu_mla.dense_decode_as_sparse(npu, q, cache, paged.block_table, paged.cache_seqlens, SCALE, causal,
+                                   out, lse, fp8_op=fp8, cache_format=fmt)
     check_decode(out, lse, *_reference(q, paged, causal))
 
 
@@ -131,3 +135,11 @@ def test_sparse_op_refuses_invalid_indices_before_valid_ones():
     bad = torch.tensor([[[[-1, 3, 1, 0]]]], dtype=torch.int32)
     with pytest.raises(StandInError, match="valid indices must come first"):
         npu_mla._sfa_bf16(npu, q, cache, table, lengths, bad, 0, SCALE)
+
+
+def test_the_kv_quant_path_refuses_a_flashmla_order_cache():
+    npu = make_stand_in("950")
+    paged, q, out, lse = _setup((20,), 1, 16, block_size=16, fp8=True)
+    indices = random_indices(paged, 1, 8, seed=1)[0]
+    with pytest.raises(ValueError, match="CANN|ascend-fp8-kv"):
+        npu_mla.sparse_decode(npu, q, paged.k_cache, indices, SCALE, out, lse, fp8_op=True)
