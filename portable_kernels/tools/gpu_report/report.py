@@ -116,7 +116,7 @@ def run_report(arch: str, all_configs: bool = False) -> list[KernelRow]:
     Raises RuntimeError naming the specimen when a compile fails."""
     from .aot import ARCHS, compiling_for
     from .sass import read_cubin
-    from .specimens import all_specimens
+    all_specimens = specimens_module().all_specimens
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {sorted(ARCHS)}, got {arch!r}")
     rows, facts_by_hash = [], {}
@@ -156,3 +156,14 @@ def format_violations(violations: list[Violation]) -> str:
     lines += [f"  {v.arch} {v.rule:11s} {v.specimen}{'' if v.config is None else f' (config {v.config})'} / {v.kernel}: "
               f"{v.measured}" for v in violations]
     return "\n".join(lines)
+
+
+#: the module that holds the nvidia backend's compile specimens (loaded by name: no static backend import)
+SPECIMENS_MODULE = "portable_kernels.backends.nvidia.gpu_specimens"
+
+
+def specimens_module():
+    """The nvidia backend's specimen module (imported on demand, as the registry loads backends)."""
+    import importlib
+
+    return importlib.import_module(SPECIMENS_MODULE)

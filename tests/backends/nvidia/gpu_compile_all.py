@@ -16,7 +16,7 @@ assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON
 
 from portable_kernels.tools.gpu_report.aot import compiling_for  # noqa: E402
 from portable_kernels.tools.gpu_report.report import MAX_SHARED_BYTES_PER_BLOCK  # noqa: E402
-from portable_kernels.tools.gpu_report.specimens import all_specimens  # noqa: E402
+from portable_kernels.backends.nvidia.gpu_specimens import all_specimens  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

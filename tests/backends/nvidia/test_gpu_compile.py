@@ -3,7 +3,7 @@
 The interpreter runs Python semantics and accepts code the GPU compiler rejects; the gpu report
 (`python -m portable_kernels gpu-report`, conftest's `gpu_reports`: both architectures at once, in
 fresh processes without TRITON_INTERPRET) compiles each specimen of
-portable_kernels/tools/gpu_report/specimens.py, one config per kernel (`--all-configs` by hand, or
+backends/nvidia/gpu_specimens.py, one config per kernel (`--all-configs` by hand, or
 gpu_compile_all.py, for all of them). What the cubins hold is checked in test_gpu_report.py.
 """
 
@@ -20,5 +20,5 @@ ARCHS = ("sm90", "sm100")
 def test_every_kernel_compiles_for_the_gpu(gpu_reports, arch):
     code, out, err, report = gpu_reports[arch]
     assert code == 0, out[-4000:] + err[-4000:]
-    from portable_kernels.tools.gpu_report.specimens import all_specimens
+    from portable_kernels.backends.nvidia.gpu_specimens import all_specimens
     assert {row["specimen"] for row in report["rows"]} == {name for _, name, _ in all_specimens(False)}

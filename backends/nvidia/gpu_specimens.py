@@ -1,4 +1,5 @@
-"""The launches the gpu report compiles: per Triton kernel a few specimens, small CPU tensors of
+"""The launches `portable_kernels gpu-report` compiles (the nvidia backend owns them: the tool loads
+this module by name, so the semantic layer imports no backend): per Triton kernel a few specimens, small CPU tensors of
 the dtypes and layouts a real call has (each variant flag that changes the kernel's code), and for
 the GEMMs each autotune config (the first, CONFIGS[0], is the default: what the size heuristic
 picks for M above 64 and what CI compiles).
@@ -13,7 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from ...backends.nvidia.kernels import (bf16_gemm, cast_fp4, cast_fp8, fp8_fp4_gemm, fp8_gemm, grouped_contiguous,
+from .kernels import (bf16_gemm, cast_fp4, cast_fp8, fp8_fp4_gemm, fp8_gemm, grouped_contiguous,
                                         grouped_masked, mla_decode, mla_metadata, moe_expand, moe_gate, moe_reduce,
                                         mqa_logits, paged_mqa_logits, swiglu_cast, topk)
 
