@@ -1,5 +1,7 @@
-"""The paged latent KV cache: per layer [num_pages, 64, 1, 576] bf16, or FlashMLA's FP8 656-byte
-rows [num_pages, 64, 1, 656] (512 e4m3 latent values, 4 fp32 power-of-two scales, 64 bf16 RoPE).
+"""The paged latent KV cache: per layer [num_pages, 64, 1, 576] bf16, or FP8 656-byte rows
+[num_pages, 64, 1, 656] (512 e4m3 latent values, 4 fp32 power-of-two scales, 64 bf16 RoPE) in the
+decode backend's KV-cache Format (`pk.allocate_kv_cache` / `pk.write_kv_cache`: FlashMLA's order on
+cpu and nvidia, CANN's on the Ascend 950), so no decode call converts the cache.
 
 One rule: pages are handed out in a seeded random order, so no sequence's pages are contiguous
 and a kernel that ignored the block table would read the wrong tokens.
@@ -11,7 +13,8 @@ import math
 
 import torch
 
-from ...flash_mla import quantize_k_cache
+import portable_kernels as pk
+
 from ...layouts.indexer_cache import INDEXER_SCALE_BYTES, indexer_cache_views, quantize_indexer_keys
 
 PAGE_SIZE = 64
@@ -24,7 +27,7 @@ class PagedLatentCache:
     """One block table for all layers; one page pool per layer."""
 
     def __init__(self, num_layers: int, capacity: list[int], kind: str = "bf16", seed: int = 0,
-                 index_head_dim: int | None = None):
+                 index_head_dim: int | None = None, backend: str | None = None, options: dict | None = None):
         if kind not in KV_CACHE_KINDS:
             raise ValueError(f"kv_cache is {kind!r}; expected one of {KV_CACHE_KINDS}")
         self.kind = kind
@@ -41,9 +44,11 @@ class PagedLatentCache:
         self.seqlens = torch.zeros(len(capacity), dtype=torch.int32)
         #: tokens each row's pages hold (its capacity rounded up to whole pages)
         self.capacity = torch.tensor(pages, dtype=torch.int32) * PAGE_SIZE
-        shape = (total, PAGE_SIZE, 1, ENTRY_BF16 if kind == "bf16" else ENTRY_FP8_BYTES)
-        dtype = torch.bfloat16 if kind == "bf16" else torch.uint8
-        self.pages = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        if kind == "bf16":
+            self.pages = [torch.zeros(total, PAGE_SIZE, 1, ENTRY_BF16, dtype=torch.bfloat16) for _ in range(num_layers)]
+        else:  # FP8 pages in the decode backend's KV-cache Format (CANN's row order on the 950), written once
+            self.pages = [pk.allocate_kv_cache(total, PAGE_SIZE, backend=backend, options=options)
+                          for _ in range(num_layers)]
         #: DeepSeek-V3.2: per layer the indexer's FP8 keys, DeepGEMM's paged layout on the same pages
         self.index_pages = [] if index_head_dim is None else [
             torch.zeros(total, PAGE_SIZE, 1, index_head_dim + INDEXER_SCALE_BYTES, dtype=torch.uint8)
@@ -60,10 +65,9 @@ class PagedLatentCache:
         """entries bf16 [T, 576] of tokens at (batch, position)."""
         page, offset = self.slots(batch, positions)
         if self.is_fp8:
-            rows = quantize_k_cache(entries.view(-1, 1, 1, ENTRY_BF16)).view(torch.uint8).view(-1, ENTRY_FP8_BYTES)
+            pk.write_kv_cache(self.pages[layer], page, offset, entries.view(-1, ENTRY_BF16).bfloat16())
         else:
-            rows = entries
-        self.pages[layer][page, offset, 0] = rows
+            self.pages[layer][page, offset, 0] = entries
 
     def write_index_keys(self, layer: int, batch: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor) -> None:
         """keys fp32 [T, D] of tokens at (batch, position), quantized per token (layouts.indexer_cache)."""
@@ -81,4 +85,5 @@ class PagedLatentCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.pages + self.index_pages)
+        tensors = [getattr(p, "data", p) for p in self.pages] + self.index_pages
+        return sum(t.numel() * t.element_size() for t in tensors)

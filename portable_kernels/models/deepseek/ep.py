@@ -81,7 +81,8 @@ class ExpertParallel:
                     if done < self.calls:
                         behind.append(f"rank {r} (stopped after MoE call {done})")
         except Exception as exc:  # the store lives on rank 0's process, which may be the one that died
-            return f"the progress store cannot be read ({type(exc).__name__}: {exc}); rank 0 may have died"
+            return (f"the progress store cannot be read ({type(exc).__name__}: {exc}): it lives in rank 0's process, "
+                    "which died or has already exited")
         return ("; ".join(behind) + " never began it") if behind else "every rank began it (a stall inside the call)"
 
     def moe(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,

@@ -310,7 +310,7 @@ class DeepseekV3:
     def _cache(self, lengths: list[int], extra: int) -> PagedLatentCache:
         index_dim = None if self.config.indexer is None else self.config.indexer.head_dim
         return PagedLatentCache(len(self.layers), [n + extra for n in lengths], self.kv_cache, self.cache_seed,
-                                index_dim)
+                                index_dim, self.backend, self.options)
 
     @staticmethod
     def _lengths(input_ids: torch.Tensor, lengths: torch.Tensor | list[int] | None) -> list[int]:
