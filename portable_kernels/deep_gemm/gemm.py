@@ -21,7 +21,7 @@ from ._operands import PACKED_FP4, check_keywords, granularities, k_major_fp4, o
 
 __all__ = ["fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt", "fp8_gemm_nt", "fp8_gemm_nn",
            "fp8_gemm_tn", "fp8_gemm_tt", "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
-           "cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt"]
+           "cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt", "fp8_gemm_nt_skip_head_mid"]
 
 #: layout -> (A stored transposed, B stored as [K, N])
 LAYOUTS = {"nt": (False, False), "nn": (False, True), "tn": (True, True), "tt": (True, False)}
@@ -151,3 +151,42 @@ def cublaslt_gemm_tn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch
 
 def cublaslt_gemm_tt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None) -> None:
     _cublaslt("tt", a, b, d, c)
+
+
+def _rows(value: Any) -> int | None:
+    """N of an nt B operand: a (data, sf) pair, a QuantTensor or a PreparedTensor (logical shape)."""
+    if isinstance(value, PreparedTensor):
+        return int(value.shape[-2])
+    if isinstance(value, QuantTensor):
+        return int(value.data.shape[-2])
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor) and value[0].dim() == 2:
+        return int(value[0].shape[0])
+    return None
+
+
+def fp8_gemm_nt_skip_head_mid(a: Any, b: Any, d: torch.Tensor, head_splits: tuple[int, int, int],
+                              recipe: Any = None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+    """DeepGEMM's `fp8_gemm_nt_skip_head_mid`: A·Bᵀ (B [N, K], N = heads·(left + right)) written into
+    d [M, heads·(left + mid + right)] per head as [left | mid untouched | right]. Differs: the FP8
+    GEMM runs into a temporary [M, N] that two copies place into d (DeepGEMM's epilogue writes in place)."""
+    op = "fp8_gemm_nt_skip_head_mid"
+    if not (isinstance(head_splits, (tuple, list)) and len(head_splits) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in head_splits)
+            and head_splits[0] + head_splits[2] > 0):
+        raise ContractError(format_problem(op, "head_splits", repr(head_splits), "(left, mid, right) non-negative "
+                                           "ints with left + right > 0", "pass e.g. (128, 64, 128)"))
+    left, mid, right = head_splits
+    n = _rows(b)
+    if not isinstance(d, torch.Tensor) or d.dim() != 2 or not d.is_contiguous() or n is None:
+        raise ContractError(format_problem(op, "d", describe(d), "a contiguous [M, heads · (left + mid + right)] "
+                                           "output and an nt B operand [N, K]", "allocate d row-major"))
+    if n % (left + right) or d.shape[1] != n + n // (left + right) * mid:
+        raise ContractError(format_problem(op, "d", describe(d), f"[M, {n + n // (left + right) * mid if n % (left + right) == 0 else '?'}]"
+                                           f" for N = {n} and head_splits {tuple(head_splits)}",
+                                           "pass N a multiple of left + right and d with the mid columns per head"))
+    heads = n // (left + right)
+    out = torch.empty(d.shape[0], n, dtype=d.dtype, device=d.device)
+    fp8_fp4_gemm_nt(a, b, out, recipe=recipe, compiled_dims=compiled_dims, disable_ue8m0_cast=disable_ue8m0_cast)
+    placed, computed = d.view(d.shape[0], heads, left + mid + right), out.view(d.shape[0], heads, left + right)
+    placed[:, :, :left] = computed[:, :, :left]
+    placed[:, :, left + mid:] = computed[:, :, left:]

@@ -256,3 +256,23 @@ def test_sm100_nt_takes_fp4_b_packed_along_n_as_deep_gemm():
         deep_gemm.fp8_fp4_gemm_nt(a, b_mn, mn_major, recipe_a=(1, 128), recipe_b=(1, 32))
     assert torch.equal(k_major, mn_major)
     assert pk.calc_diff(mn_major, x.float() @ w.float().T) < 0.02
+
+
+def test_skip_head_mid_places_each_heads_left_and_right_around_an_untouched_middle():
+    torch.manual_seed(9)
+    left, mid, right = 64, 32, 64
+    heads, m, k = 3, 16, 256
+    x, w = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(heads * (left + right), k, dtype=torch.bfloat16)
+    a, b = deep_gemm.per_token_cast_to_fp8(x, use_ue8m0=False), deep_gemm.per_block_cast_to_fp8(w, use_ue8m0=False)
+    d = torch.full((m, heads * (left + mid + right)), 7.0, dtype=torch.bfloat16)
+    deep_gemm.fp8_gemm_nt_skip_head_mid(a, b, d, (left, mid, right), disable_ue8m0_cast=True)
+    plain = torch.empty(m, heads * (left + right), dtype=torch.bfloat16)
+    deep_gemm.fp8_gemm_nt(a, b, plain, disable_ue8m0_cast=True)
+    placed, computed = d.view(m, heads, -1), plain.view(m, heads, -1)
+    assert torch.equal(placed[:, :, :left], computed[:, :, :left])
+    assert torch.equal(placed[:, :, left + mid:], computed[:, :, left:])
+    assert bool((placed[:, :, left:left + mid] == 7).all()), "the middle columns are not written"
+    with pytest.raises(ContractError, match="'d'"):
+        deep_gemm.fp8_gemm_nt_skip_head_mid(a, b, d[:, :-1].contiguous(), (left, mid, right))
+    with pytest.raises(ContractError, match="head_splits"):
+        deep_gemm.fp8_gemm_nt_skip_head_mid(a, b, d, (left, mid))
