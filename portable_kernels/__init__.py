@@ -49,7 +49,7 @@ from . import torch_ops  # noqa: E402, F401  defines torch.ops.portable_kernels.
 from .core import moved as _moved
 
 _moved.install()  # old internal paths (portable_kernels.gemm, ...) for one release
-from .ops import ep  # noqa: E402  the documented `portable_kernels.ep.Buffer`
+from .ops import ep  # noqa: E402, F401  the documented `portable_kernels.ep.Buffer`
 
 
 def __getattr__(name: str):
