@@ -19,61 +19,11 @@
 
 #include <vector>
 
-#if defined(__ARM_NEON) && !defined(__AVX2__)
-#include <arm_neon.h>
-#endif
+#include "simd_f32.h"
 
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int VL = 16, NV = 4, MR = 6;  // 24 accumulators + 4 key vectors of 32 zmm registers
-using vec = __m512;
-inline vec vzero() { return _mm512_setzero_ps(); }
-inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
-inline vec vbcast(float x) { return _mm512_set1_ps(x); }
-inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-inline vec vrelu(vec a) { return _mm512_max_ps(_mm512_setzero_ps(), a); }  // NaN in a passes through
-#elif defined(__AVX2__)
-constexpr int VL = 8, NV = 2, MR = 6;  // 12 accumulators + 2 key vectors of 16 ymm registers
-using vec = __m256;
-inline vec vzero() { return _mm256_setzero_ps(); }
-inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
-inline vec vbcast(float x) { return _mm256_set1_ps(x); }
-inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
-inline vec vrelu(vec a) { return _mm256_max_ps(_mm256_setzero_ps(), a); }
-#elif defined(__ARM_NEON)
-constexpr int VL = 4, NV = 4, MR = 6;
-using vec = float32x4_t;
-inline vec vzero() { return vdupq_n_f32(0.0f); }
-inline vec vload(const float* p) { return vld1q_f32(p); }
-inline void vstore(float* p, vec v) { vst1q_f32(p, v); }
-inline vec vbcast(float x) { return vdupq_n_f32(x); }
-inline vec vfma(vec a, vec b, vec c) { return vfmaq_f32(c, a, b); }
-inline vec vmul(vec a, vec b) { return vmulq_f32(a, b); }
-inline vec vadd(vec a, vec b) { return vaddq_f32(a, b); }
-inline vec vrelu(vec a) { return vmaxq_f32(vdupq_n_f32(0.0f), a); }
-#else
-// generic: the compiler's 4-float vectors (SSE2 on x86-64), multiply then add
-constexpr int VL = 4, NV = 2, MR = 4;
-typedef float vec __attribute__((vector_size(16)));
-inline vec vzero() { return vec{0.0f, 0.0f, 0.0f, 0.0f}; }
-inline vec vload(const float* p) { vec v; std::memcpy(&v, p, sizeof v); return v; }
-inline void vstore(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
-inline vec vbcast(float x) { return vec{x, x, x, x}; }
-inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
-inline vec vmul(vec a, vec b) { return a * b; }
-inline vec vadd(vec a, vec b) { return a + b; }
-inline vec vrelu(vec a) {
-  for (int l = 0; l < 4; ++l) a[l] = a[l] < 0.0f ? 0.0f : a[l];  // NaN passes through
-  return a;
-}
-#endif
+using namespace pk_simd;  // VL, NV, MR and the vector primitives of this build
 constexpr int JB = VL * NV;      // keys per panel (one register row of accumulators)
 constexpr int64_t QT = 8;        // prefill rows per group
 constexpr int64_t CHUNK_ALIGN = 64;  // chunks are whole panels on every build (64 = lcm of the JBs)

@@ -10,44 +10,12 @@
 #pragma once
 
 #include "mla_common.h"
-
-#if defined(__ARM_NEON) && !defined(__AVX2__)
-#include <arm_neon.h>
-#endif
+#include "simd_f32.h"
 
 namespace pk_mla {
 namespace fma {
 
-#if defined(__AVX512F__)
-constexpr int VL = 16, NV = 4, MR = 6;  // 24 accumulators of 32 zmm registers
-using vec = __m512;
-inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
-inline vec vbcast(float x) { return _mm512_set1_ps(x); }
-inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-#elif defined(__AVX2__)
-constexpr int VL = 8, NV = 2, MR = 6;  // 12 accumulators of 16 ymm registers
-using vec = __m256;
-inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
-inline vec vbcast(float x) { return _mm256_set1_ps(x); }
-inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-#elif defined(__ARM_NEON)
-constexpr int VL = 4, NV = 4, MR = 6;  // 24 accumulators of 32 q registers
-using vec = float32x4_t;
-inline vec vload(const float* p) { return vld1q_f32(p); }
-inline void vstore(float* p, vec v) { vst1q_f32(p, v); }
-inline vec vbcast(float x) { return vdupq_n_f32(x); }
-inline vec vfma(vec a, vec b, vec c) { return vfmaq_f32(c, a, b); }
-#else
-// generic: the compiler's 4-float vectors (SSE2 on x86-64), multiply then add
-constexpr int VL = 4, NV = 2, MR = 4;  // 8 accumulators of 16 xmm registers
-typedef float vec __attribute__((vector_size(16)));
-inline vec vload(const float* p) { vec v; std::memcpy(&v, p, sizeof v); return v; }
-inline void vstore(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
-inline vec vbcast(float x) { return vec{x, x, x, x}; }
-inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
-#endif
+using namespace pk_simd;  // VL, NV, MR and the vector primitives of this build
 constexpr int NC = VL * NV;  // columns of one block; CK and DV are multiples of it
 constexpr int64_t KB = 64;   // rows of B per slab (64 x NC fp32: 16 KiB with AVX-512)
 
