@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from ...core.harness import count_bytes
+
 __all__ = ["align", "calc_diff", "ceil_div", "count_bytes", "create_grouped_scores", "hash_tensor", "hash_tensors",
            "inplace_unique", "per_token_cast_back", "per_token_cast_to_fp8", "safe_div"]
 
@@ -94,13 +96,3 @@ def hash_tensors(*tensors: Any) -> int:
         elif isinstance(t, torch.Tensor):
             value ^= hash_tensor(t)
     return value
-
-
-def count_bytes(*tensors: Any) -> int:
-    total = 0
-    for t in tensors:
-        if isinstance(t, (tuple, list)):
-            total += count_bytes(*t)
-        elif t is not None:
-            total += t.numel() * t.element_size()
-    return total

@@ -10,11 +10,12 @@ returns 1 per name without running fn, as DeepGEMM does under Nsight and compute
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any, Callable, Optional
 
 import torch
+
+from ...core.harness import empty_suppress, suppress_stdout_stderr
 
 __all__ = ["bench", "bench_kineto", "empty_suppress", "suppress_stdout_stderr"]
 
@@ -59,35 +60,3 @@ def bench_kineto(fn: Callable[[], Any], kernel_names: str | tuple, num_tests: in
         fn()
         seconds = _mean_seconds(fn, num_tests, barrier)
     return (seconds,) * count if isinstance(kernel_names, tuple) else seconds
-
-
-class empty_suppress:
-    """A context manager that suppresses nothing (bench_kineto's default)."""
-
-    def __enter__(self) -> "empty_suppress":
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        return None
-
-
-class suppress_stdout_stderr:
-    """Send this process's stdout and stderr (Python's and the file descriptors') to /dev/null."""
-
-    def __enter__(self) -> "suppress_stdout_stderr":
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self._null = open(os.devnull, "w")
-        self._saved = [(fd, os.dup(fd)) for fd in (sys.stdout.fileno(), sys.stderr.fileno())]
-        self._streams = sys.stdout, sys.stderr
-        for fd, _ in self._saved:
-            os.dup2(self._null.fileno(), fd)
-        sys.stdout = sys.stderr = self._null
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        sys.stdout, sys.stderr = self._streams
-        for fd, copy in self._saved:
-            os.dup2(copy, fd)
-            os.close(copy)
-        self._null.close()

@@ -3,26 +3,13 @@ assert_bitwise_equal)."""
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
+from ...core.harness import count_bytes
 from ...core.numerics import calc_diff
 
 __all__ = ["assert_bitwise_equal", "calc_diff", "count_bytes"]
-
-
-def count_bytes(*tensors: Any) -> int:
-    """Bytes of every tensor given (tuples and pairs such as QuantTensors are walked; None counts 0)."""
-    total = 0
-    for t in tensors:
-        if t is None:
-            continue
-        if hasattr(t, "element_size"):
-            total += t.numel() * t.element_size()
-        else:
-            total += count_bytes(*t)
-    return total
 
 
 def assert_bitwise_equal(x: torch.Tensor, y: torch.Tensor, label: str = "") -> None:

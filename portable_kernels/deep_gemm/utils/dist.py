@@ -4,16 +4,13 @@ MASTER_ADDR, MASTER_PORT, WORLD_SIZE = nodes, RANK = node rank)."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 
 from ...core.checks import check_int
+from ...core.harness import dist_print, join_process_group
 
 __all__ = ["dist_print", "init_dist", "uneven_all_gather"]
-
-_local_rank: int | None = None
 
 
 def init_dist(local_rank: int, num_local_ranks: int) -> tuple[int, int, dist.ProcessGroup]:
@@ -23,18 +20,8 @@ def init_dist(local_rank: int, num_local_ranks: int) -> tuple[int, int, dist.Pro
     check_int("init_dist", "num_local_ranks", num_local_ranks, 1)
     check_int("init_dist", "local_rank", local_rank, 0, num_local_ranks - 1,
               fix="pass the process's index on its node, 0..num_local_ranks-1")
-    global _local_rank
-    _local_rank = local_rank
-    num_nodes = int(os.getenv("WORLD_SIZE", "1"))
-    node_rank = int(os.getenv("RANK", "0"))
-    address = f"tcp://{os.getenv('MASTER_ADDR', '127.0.0.1')}:{int(os.getenv('MASTER_PORT', '8361'))}"
-    cuda = torch.cuda.is_available()
-    dist.init_process_group(backend="nccl" if cuda else "gloo", init_method=address,
-                            world_size=num_nodes * num_local_ranks, rank=node_rank * num_local_ranks + local_rank)
-    if cuda:
-        torch.cuda.set_device(local_rank)
-        torch.set_default_device("cuda")
-    return dist.get_rank(), dist.get_world_size(), dist.new_group(list(range(num_nodes * num_local_ranks)))
+    world = join_process_group(local_rank, num_local_ranks)
+    return dist.get_rank(), dist.get_world_size(), dist.new_group(list(range(world)))
 
 
 def uneven_all_gather(tensor: torch.Tensor, dim: int = 0, group: dist.ProcessGroup | None = None) -> torch.Tensor:
@@ -50,12 +37,3 @@ def uneven_all_gather(tensor: torch.Tensor, dim: int = 0, group: dist.ProcessGro
     gathered = [torch.empty_like(padded) for _ in lengths]
     dist.all_gather(gathered, padded, group=group)
     return torch.cat([g.narrow(dim, 0, n) for g, n in zip(gathered, lengths)], dim=dim)
-
-
-def dist_print(s: str = "", once_in_node: bool = False) -> None:
-    """Print (every local rank, or only local rank 0 with once_in_node), then wait for every rank."""
-    if _local_rank is None:
-        raise RuntimeError("dist_print: call init_dist first (it records this process's local rank)")
-    if not once_in_node or _local_rank == 0:
-        print(s, flush=True)
-    dist.barrier()

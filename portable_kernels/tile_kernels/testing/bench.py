@@ -8,14 +8,13 @@ names. `suppress_stdout_stderr` silences the process's file descriptors 1 and 2 
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 from typing import Any
 
 import torch
 
 from ...core.errors import ContractError, format_problem
+from ...core.harness import empty_suppress, suppress_stdout_stderr
 
 __all__ = ["dtype_to_str", "empty_suppress", "make_param_id", "make_param_key", "print_average_perf",
            "suppress_stdout_stderr"]
@@ -28,40 +27,6 @@ KEY_SHORT_NAMES = {"num_ep_ranks": "ep", "num_experts": "experts", "use_tma_alig
 #: a benchmark key right-aligns these parameters' values to a fixed width, so keys sort by value
 KEY_WIDTHS = {"num_tokens": 5, "num_ep_ranks": 2, "num_experts": 3, "hidden": 4, "use_tma_aligned_col_major_sf": 1,
               "use_packed_ue8m0": 1, "round_sf": 1, "num_per_channels": 4}
-
-
-class empty_suppress:
-    """A context manager that suppresses nothing (what a test uses when output should show)."""
-
-    def __enter__(self) -> "empty_suppress":
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        return None
-
-
-class suppress_stdout_stderr:
-    """Send everything written to stdout and stderr inside the block to the null device: Python's
-    sys.stdout / sys.stderr and the process's descriptors 1 and 2, so native libraries go quiet too."""
-
-    def __enter__(self) -> "suppress_stdout_stderr":
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self._null = open(os.devnull, "w")
-        self._streams = (sys.stdout, sys.stderr)
-        self._fds = (self._streams[0].fileno(), self._streams[1].fileno())
-        self._saved = tuple(os.dup(fd) for fd in self._fds)
-        for fd in self._fds:
-            os.dup2(self._null.fileno(), fd)
-        sys.stdout = sys.stderr = self._null
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        sys.stdout, sys.stderr = self._streams
-        for fd, saved in zip(self._fds, self._saved):
-            os.dup2(saved, fd)
-            os.close(saved)
-        self._null.close()
 
 
 def print_average_perf(latency_list: list[float], bandwidth_list: list[float],

@@ -8,9 +8,11 @@ count_bytes sums tensor sizes for bandwidth figures.
 from __future__ import annotations
 
 import math
-from typing import Any, Union
+from typing import Union
 
 import torch
+
+from ...core.harness import count_bytes
 
 __all__ = ["assert_equal", "calc_diff", "check_bias", "count_bytes"]
 
@@ -69,14 +71,3 @@ def check_bias(x: torch.Tensor, ref_x: torch.Tensor) -> None:
             f"Less than ratio not close to 0.5 (size = {count}): {less_ratio=:.4f}\n"
             f"Expected:\n  {ref_x.flatten()}\nActual:\n  {x.flatten()}\n"
             f"  Less than: {less}\n  Equal to: {equal}\n  Greater than: {count - less - equal}")
-
-
-def count_bytes(*tensors: Any) -> int:
-    """Bytes of every tensor given; tuples and lists (such as (data, sf) pairs) are walked, None counts 0."""
-    total = 0
-    for t in tensors:
-        if isinstance(t, (tuple, list)):
-            total += count_bytes(*t)
-        elif t is not None:
-            total += t.numel() * t.element_size()
-    return total
