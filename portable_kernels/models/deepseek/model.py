@@ -219,20 +219,23 @@ class DeepseekV3:
         # sequence with n new tokens then sees exactly the keys up to its own position.
         slot = torch.cat([b * s_q + (s_q - n) + torch.arange(n) for b, n in enumerate(counts)])
         cache.seqlens += torch.tensor(counts, dtype=torch.int32)
-        meta, splits = pk.get_mla_metadata(cache.seqlens, s_q * cfg.num_attention_heads, 1,
-                                           is_fp8_kvcache=cache.is_fp8)
+        step = _Step(counts, s_q, starts, batch, positions, slot)
+        if cfg.indexer is None:
+            meta, splits = pk.get_mla_metadata(cache.seqlens, s_q * cfg.num_attention_heads, 1,
+                                               is_fp8_kvcache=cache.is_fp8)
+        else:  # what every V3.2 layer of this step shares: its indexer lengths and schedules
+            step = self._sparse_plan(cache, step)
         cos, sin = rope_tables(cfg, positions)
         # one padded query buffer for every layer: each writes the same rows, the padding stays zero
         q_pad = torch.zeros(len(counts) * s_q, cfg.num_attention_heads, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
                             dtype=torch.bfloat16)
         h = self.embed[torch.cat(tokens)].float()
-        step = _Step(counts, s_q, starts, batch, positions, slot)
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.attn_norm, cfg.rms_norm_eps)
             q, entry, hq = layer.attn.project(x, cos, sin)
             cache.write(i, batch, positions, entry)
             if layer.attn.indexer is not None:
-                o = self._sparse_attention(i, layer.attn, cache, step, q, x, hq, cos, sin)
+                o = self._sparse_attention(i, layer.attn, cache, step, q_pad, q, x, hq, cos, sin)
             else:
                 q_pad[slot] = q
                 o, _ = pk.flash_mla_with_kvcache(q_pad.view(len(counts), s_q, cfg.num_attention_heads, -1),
@@ -256,30 +259,46 @@ class DeepseekV3:
         topk = self.config.indexer.topk
         cache.write_index_keys(layer, step.batch, step.positions, ix.keys(x, cos, sin))
         q, weights = ix.queries(hq, x, cos, sin)
-        visible = (step.positions + 1).to(torch.int32)
         if step.fresh:
             values, scales = indexer_cache_views(cache.index_pages[layer])
             page, offset = cache.slots(step.batch, step.positions)
-            offsets = torch.tensor([0] + step.counts[:-1]).cumsum(0).to(torch.int32)[step.batch]
             logits = pk.fp8_mqa_logits(q, (values[page, offset].contiguous(), scales[page, offset].contiguous()),
-                                       weights, offsets, offsets + visible, clean_logits=False,
-                                       max_seqlen_k=max(step.counts))
-            _, picked = pk.topk(logits, topk, end=visible, idx_oob_fill_value=-1)
+                                       weights, step.key_offsets, step.key_offsets + step.visible,
+                                       clean_logits=False, max_seqlen_k=max(step.counts))
+            _, picked = pk.topk(logits, topk, end=step.visible, idx_oob_fill_value=-1)
             return picked
         b = len(step.counts)
         q_pad = torch.zeros(b * step.s_q, *q.shape[1:], dtype=q.dtype)
         w_pad = torch.zeros(b * step.s_q, q.shape[1], dtype=torch.float32)
-        lens = torch.zeros(b * step.s_q, dtype=torch.int32)
-        q_pad[step.slot], w_pad[step.slot], lens[step.slot] = q, weights, visible
-        lens = lens.view(b, step.s_q)
-        meta = pk.get_paged_mqa_logits_metadata(lens, PAGE_SIZE, INDEXER_SCHEDULE_WORKERS)
+        q_pad[step.slot], w_pad[step.slot] = q, weights
         logits = pk.fp8_paged_mqa_logits(q_pad.view(b, step.s_q, *q.shape[1:]), cache.index_pages[layer], w_pad,
-                                         lens, cache.block_table, meta, int(cache.seqlens.max()))
-        _, picked = pk.topk(logits, topk, end=lens.view(-1), idx_oob_fill_value=-1)
+                                         step.index_lens, cache.block_table, step.index_meta,
+                                         int(cache.seqlens.max()))
+        _, picked = pk.topk(logits, topk, end=step.index_lens.view(-1), idx_oob_fill_value=-1)
         return picked[step.slot]
 
-    def _sparse_attention(self, layer: int, attn: Mla, cache: PagedLatentCache, step: "_Step", q: torch.Tensor,
-                          x: torch.Tensor, hq: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _sparse_plan(self, cache: PagedLatentCache, step: "_Step") -> "_Step":
+        """The step with what its V3.2 layers share: each query's visible key count, the key offsets
+        of a fresh prefill or the paged lengths and schedule, and the sparse MLA metadata (FP8 cache)."""
+        cfg = self.config
+        visible = (step.positions + 1).to(torch.int32)
+        plan: dict[str, Any] = {"visible": visible}
+        if step.fresh:
+            plan["key_offsets"] = torch.tensor([0] + step.counts[:-1]).cumsum(0).to(torch.int32)[step.batch]
+        else:
+            lens = torch.zeros(len(step.counts) * step.s_q, dtype=torch.int32)
+            lens[step.slot] = visible
+            lens = lens.view(len(step.counts), step.s_q)
+            plan["index_lens"] = lens
+            plan["index_meta"] = pk.get_paged_mqa_logits_metadata(lens, PAGE_SIZE, INDEXER_SCHEDULE_WORKERS)
+        if cache.is_fp8:
+            plan["sparse_meta"] = pk.get_mla_metadata(cache.seqlens, step.s_q * cfg.num_attention_heads, 1,
+                                                      cfg.num_attention_heads, True, cfg.indexer.topk)
+        return attrs.evolve(step, **plan)
+
+    def _sparse_attention(self, layer: int, attn: Mla, cache: PagedLatentCache, step: "_Step", q_pad: torch.Tensor,
+                          q: torch.Tensor, x: torch.Tensor, hq: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor) -> torch.Tensor:
         """MLA over the selected keys only -> bf16 [T, heads, 512]: sparse flash_mla_with_kvcache on
         the FP8 cache (FlashMLA's sparse decode), flash_mla_sparse_fwd on the bf16 cache's pages."""
         cfg = self.config
@@ -293,10 +312,8 @@ class DeepseekV3:
         b = len(step.counts)
         idx = torch.full((b * step.s_q, topk), -1, dtype=torch.int32)
         idx[step.slot] = slots
-        q_pad = torch.zeros(b * step.s_q, *q.shape[1:], dtype=q.dtype)
         q_pad[step.slot] = q
-        meta, splits = pk.get_mla_metadata(cache.seqlens, step.s_q * cfg.num_attention_heads, 1,
-                                           cfg.num_attention_heads, True, topk)
+        meta, splits = step.sparse_meta
         o, _ = pk.flash_mla_with_kvcache(q_pad.view(b, step.s_q, *q.shape[1:]), cache.pages[layer], None, None,
                                          cfg.kv_lora_rank, meta, splits, softmax_scale=attn.softmax_scale,
                                          is_fp8_kvcache=True, indices=idx.view(b, step.s_q, topk))
@@ -418,6 +435,12 @@ class _Step:
     batch: torch.Tensor
     positions: torch.Tensor
     slot: torch.Tensor
+    # DeepSeek-V3.2's per-step plan (DeepseekV3._sparse_plan), None for V3
+    visible: torch.Tensor | None = None
+    key_offsets: torch.Tensor | None = None
+    index_lens: torch.Tensor | None = None
+    index_meta: torch.Tensor | None = None
+    sparse_meta: tuple | None = None
 
     @property
     def fresh(self) -> bool:
