@@ -83,10 +83,6 @@ def get_mn_major_tma_aligned_packed_ue8m0_tensor(sf: torch.Tensor, psum_layout: 
         raise LayoutError(f"{op}: {exc}") from exc
 
 
-def align(x: int, multiple: int) -> int:
-    return ceil_div(x, multiple) * multiple
-
-
 def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf: torch.Tensor, grouped_layout: torch.Tensor,
                                                            ks_cpu: list[int] | None, gran_k: int, k_alignment: int,
                                                            use_psum_layout: bool = False) -> torch.Tensor:
@@ -122,7 +118,7 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf: torch.Tensor, gro
     groups = grouped_layout.tolist()
     ks, previous = [], 0
     for value in groups:
-        ks.append(value - align(previous, k_alignment) if use_psum_layout else value)
+        ks.append(value - ceil_div(previous, k_alignment) * k_alignment if use_psum_layout else value)
         previous = value
     rows = [ceil_div(k, gran_k) for k in ks]
     if sum(rows) > sf_k or min(ks) < 0 or (synced and not use_psum_layout and sum(rows) != sf_k):

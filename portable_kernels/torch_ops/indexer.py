@@ -15,7 +15,7 @@ from .declare import Crossing, custom_op
 
 
 def _q_crossing(dims: int, op: str) -> Crossing:
-    return Crossing((("Tensor", "q"),), lambda q: (indexer._unwrap_q(op, q, dims),), lambda q: q)
+    return Crossing((("Tensor", "q"),), lambda q: (indexer.unwrap_q(op, q, dims),), lambda q: q)
 
 
 def _prefill_fake(q: torch.Tensor, kv_data: torch.Tensor, max_seqlen_k: int, logits_dtype: torch.dtype,

@@ -184,7 +184,7 @@ def _fail(op: str, arg: str, given: Any, expected: str, fix: str) -> None:
     raise ContractError(format_problem(op, arg, given, expected, fix))
 
 
-def _unwrap_q(op: str, q: Any, dims: int) -> torch.Tensor:
+def unwrap_q(op: str, q: Any, dims: int) -> torch.Tensor:
     if isinstance(q, tuple):
         if len(q) != 2 or q[1] is not None:
             _fail(op, "q", f"a tuple ({', '.join(describe(v) for v in q)})", "an fp8 tensor or (fp8 tensor, None)",
@@ -254,7 +254,7 @@ def fp8_mqa_logits(q: Any, kv: tuple[torch.Tensor, torch.Tensor], weights: torch
         return compiled_call("fp8_mqa_logits", q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits,
                              max_seqlen_k, logits_dtype)
     op = MQA_LOGITS.name
-    q = _unwrap_q(op, q, 3)
+    q = unwrap_q(op, q, 3)
     m, heads, d = q.shape
     if not isinstance(kv, tuple) or len(kv) != 2:
         _fail(op, "kv", describe(kv), "a pair (float8_e4m3fn [N, D], fp32 [N])",
@@ -336,7 +336,7 @@ def fp8_paged_mqa_logits(q: Any, kv_cache: torch.Tensor, weights: torch.Tensor, 
         return compiled_call("fp8_paged_mqa_logits", q, kv_cache, weights, context_lens, block_table, schedule_meta,
                              max_context_len, clean_logits, logits_dtype, indices)
     op = PAGED_MQA_LOGITS.name
-    q = _unwrap_q(op, q, 4)
+    q = unwrap_q(op, q, 4)
     batch, next_n, heads, d = q.shape
     num_blocks, block_kv = _check_cache(op, kv_cache, d, q.device)
     _check_weights(op, weights, batch * next_n, heads, logits_dtype, q.device)
