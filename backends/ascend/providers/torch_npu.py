@@ -20,25 +20,20 @@ from portable_kernels.core.errors import BackendUnavailableError
 from portable_kernels.ops.attention.decode import reject_bad_cache_references
 from portable_kernels.layouts import (ASCEND_FP8_KV, FLASHMLA_FP8_KV, ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX_KMAJOR, PLAIN,
                                       ascend_mx_kmajor_encode_from_blocks)
-from portable_kernels.core.providers import Limit
 from portable_kernels.ops.quant.fp8 import nonfinite_ue8m0_error
 from portable_kernels.core.registry import Registry, forced_backend
 from portable_kernels.core.tensors import PreparedTensor
 from portable_kernels.ops.topk import reject_nan
 
-from .. import chips
+from .. import chips, limits as doc
 from ..vendor import gemm as npu_gemm, grouped as npu_grouped, mla as npu_mla, moe as npu_moe, quant as npu_quant, topk as npu_topk, runtime
 from ..vendor import indexer as npu_indexer
 
 PROVIDER = "torch_npu"
 PRIORITY = 10
 A2A3 = ("910b", "910c")
-#: npu_quant_matmul: "the last dimension of x1 and x2 must be <= 65535"
-MAX_INNER = 65535
-#: npu_grouped_matmul: at most 1024 groups, inner dims < 65536
-MAX_GROUPS = 1024
-GMM_INNER_LIMIT = 65535
-#: head counts of the MLA kernels (FIA / SFA: A2/A3; SFA: 950 1..128; KV-quant SFA: 950 list)
+#: head counts of the MLA kernels: FIA MLA约束 D = 512 and SFA 约束说明 (A2/A3: 1/2/4/8/16/32/64/128), SFA
+#: 约束说明 Ascend 950 (1~128), KV-quant SFA 参数说明 query (1/2/4/8/16/32/48/64/128; 约束说明: A2/A3 not 48)
 HEADS = {"a2a3": npu_mla.A2A3_MLA_HEADS, "950-sfa": tuple(range(1, 129)),
          "950-kvq": (1, 2, 4, 8, 16, 32, 48, 64, 128)}
 
@@ -189,12 +184,13 @@ def _register_gemm(registry: Registry) -> None:
     kernel = registry.kernel
     kernel("fp8_gemm_nt", "ascend", PROVIDER + "-mx", priority=PRIORITY,
            formats={"a": (ASCEND_MX_KMAJOR,), "b": (ASCEND_MX_KMAJOR,)}, dtypes={"d": (torch.bfloat16, torch.float32)},
-           devices=("npu", "cpu"), limits=(Limit("K", max=MAX_INNER),),
+           devices=("npu", "cpu"),  # no K / N bound: doc.UNBOUNDED (the 65535 is an A2/A3 page's)
            check=_on(("950",), "npu_quant_matmul's MX mode"),
-           doc="npu_quant_matmul MX (group_sizes [1,1,32], e8m0 K-major pairs; Ascend 950)")(_mx_gemm)
+           doc="npu_quant_matmul MX (group_sizes [1,1,32], e8m0 K-major pairs; Ascend 950; K, N: no documented "
+               "bound)")(_mx_gemm)
     kernel("fp8_gemm_nt", "ascend", PROVIDER + "-gb", priority=PRIORITY,
            formats={"a": (PLAIN,), "b": (PLAIN,)}, dtypes={"d": (torch.bfloat16, torch.float32)},
-           devices=("npu", "cpu"), limits=(Limit("K", max=MAX_INNER),),
+           devices=("npu", "cpu"),  # no K / N bound: doc.UNBOUNDED
            check=_on(("950",), "npu_quant_matmul's G-B mode", _gb_granularity),
            shape_class=lambda i: (_gran(i.a), _gran(i.b)),
            doc="npu_quant_matmul G-B (group_sizes [1,128,128], fp32 scales as quantized; Ascend 950)")(_gb_gemm)
@@ -252,26 +248,31 @@ def _grouped(groups: Callable[[Any], tuple[torch.Tensor, torch.Tensor]], kind: s
 
 
 def _register_grouped(registry: Registry) -> None:
-    limits = (Limit("G", max=MAX_GROUPS), Limit("K", max=GMM_INNER_LIMIT), Limit("N", max=GMM_INNER_LIMIT))
+    a2a3_limits = (doc.GMM_A2A3_GROUPS, doc.GMM_A2A3_INNER)  # the 950 has none documented (doc.UNBOUNDED)
     for layout, groups in (("contiguous", _contiguous_groups), ("masked", _masked_groups)):
         fp8_op, bf16_op = f"m_grouped_fp8_gemm_nt_{layout}", f"m_grouped_bf16_gemm_nt_{layout}"
         registry.kernel(fp8_op, "ascend", PROVIDER + "-mx", priority=PRIORITY,
-                        formats={"a": (ASCEND_MX_KMAJOR,), "b": (ASCEND_MX_KMAJOR,)}, dtypes={"d": (torch.bfloat16,)},
-                        devices=("npu", "cpu"), limits=limits,
-                        check=_on(("950",), "npu_grouped_matmul with MX scales (from call sites, not docs)"),
-                        doc="npu_grouped_matmul MX (e8m0 K-major pairs; Ascend 950, from call sites)"
-                        )(_grouped(groups, "mx"))
+                        formats={"a": (ASCEND_MX_KMAJOR,), "b": (ASCEND_MX_KMAJOR,)},
+                        dtypes={"d": (torch.bfloat16, torch.float32)}, devices=("npu", "cpu"),
+                        check=_on(("950",), "npu_grouped_matmul with MX scales (aclnnGroupedMatmulV5)"),
+                        doc="npu_grouped_matmul MX (e8m0 K-major pairs, bf16 / fp32 out; Ascend 950: "
+                            "aclnnGroupedMatmulV5, no torch_npu page)")(_grouped(groups, "mx"))
         registry.kernel(fp8_op, "ascend", PROVIDER + "-dequantized", priority=PRIORITY,
                         formats={"a": (PLAIN,), "b": (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES)},
-                        dtypes={"d": (torch.bfloat16,)}, devices=("npu", "cpu"), limits=limits,
+                        dtypes={"d": (torch.bfloat16,)}, devices=("npu", "cpu"), limits=a2a3_limits,
                         check=_on(A2A3, "npu_grouped_matmul on dequantized weights", _exact_bf16),
                         shape_class=lambda i: (_gran(i.a), i.a.ue8m0),
                         doc="npu_grouped_matmul bf16 / fp32 on weights dequantized at ingest (Atlas A2/A3)"
                         )(_grouped(groups, "dequantized"))
         registry.kernel(bf16_op, "ascend", PROVIDER, priority=PRIORITY, dtypes={"d": (torch.bfloat16,)},
-                        devices=("npu", "cpu"), limits=limits,
-                        check=_on(chips.CHIPS, "npu_grouped_matmul bf16 (950: from call sites)"),
-                        doc="npu_grouped_matmul bf16 (group_list cumulative ends)")(_grouped(groups, "bf16"))
+                        devices=("npu", "cpu"), limits=a2a3_limits,
+                        check=_on(A2A3, "npu_grouped_matmul bf16"),
+                        doc="npu_grouped_matmul bf16 (group_list cumulative ends; Atlas A2/A3)")(_grouped(groups, "bf16"))
+        registry.kernel(bf16_op, "ascend", PROVIDER + "-950", priority=PRIORITY, dtypes={"d": (torch.bfloat16,)},
+                        devices=("npu", "cpu"),
+                        check=_on(("950",), "npu_grouped_matmul bf16 (aclnnGroupedMatmulV5 非量化)"),
+                        doc="npu_grouped_matmul bf16 (Ascend 950: aclnnGroupedMatmulV5, no torch_npu page; no "
+                            "documented G / K / N bound)")(_grouped(groups, "bf16"))
 
 
 # -- casts --------------------------------------------------------------------------------------------------
@@ -284,6 +285,11 @@ def _cast_reasons(inputs: Any) -> list[str]:
                        "exact CANN op (npu_dynamic_quant is per row without the 1e-4 amax floor)")
     if gm != 1 or gk % npu_quant.MX_BLOCK_MULTIPLE or gk > npu_quant.MX_BLOCK_MAX:
         reasons.append(f"npu_dynamic_mx_quant takes blocks (1, 32·n <= 1024), got {inputs.granularity}")
+    k = inputs.x.shape[-1]
+    if inputs.x.dtype == torch.float32 and (gk != doc.MX_QUANT_FP32_BLOCK or k < doc.MX_QUANT_FP32_MIN_AXIS):
+        reasons.append(f"npu_dynamic_mx_quant on a float32 x takes blocks of {doc.MX_QUANT_FP32_BLOCK} along a "
+                       f"quantized axis of at least {doc.MX_QUANT_FP32_MIN_AXIS}, got gran_k {gk} and K {k} "
+                       f"(documented: {doc.MX_QUANT_FP32_SOURCE})")
     npu = runtime.torch_npu()
     if npu is not None and not runtime.has_argument(npu, "npu_dynamic_mx_quant", "max_low_bound"):
         reasons.append("this torch_npu's npu_dynamic_mx_quant has no max_low_bound (added after 26.1.0): blocks with "
@@ -308,8 +314,9 @@ def _register_casts(registry: Registry) -> None:
     registry.kernel("per_token_cast_to_fp8", "ascend", PROVIDER + "-mx", priority=PRIORITY,
                     formats={"out_format": (PLAIN, ASCEND_MX_KMAJOR)}, devices=("npu", "cpu"),
                     check=_on(("950",), "npu_dynamic_mx_quant", _cast_reasons),
-                    shape_class=lambda i: tuple(i.granularity),
-                    doc="npu_dynamic_mx_quant(scale_alg=1, max_low_bound=1e-4) (Ascend 950)")(_mx_cast)
+                    shape_class=lambda i: (tuple(i.granularity), i.x.shape[-1] >= doc.MX_QUANT_FP32_MIN_AXIS),
+                    doc="npu_dynamic_mx_quant(scale_alg=1, max_low_bound=1e-4) (Ascend 950; fp32 x: gran_k 32, "
+                        "K >= 32)")(_mx_cast)
 
 
 # -- top-k, gate ----------------------------------------------------------------------------------------------
@@ -410,27 +417,30 @@ def _mla(kind: str) -> Callable[[Any], None]:
 
 
 def _register_mla(registry: Registry) -> None:
-    mla_limits = (Limit("d", min=576, max=576), Limit("h_kv", max=1))
+    fia_limits = (doc.FIA_MLA_D, doc.FIA_MLA_KV_HEADS)
+    sfa_limits = (doc.SFA_D, doc.SFA_KV_HEADS)
+    kvq_limits = (doc.KVQ_SFA_D, doc.KVQ_SFA_KV_HEADS)
     heads_class = lambda i: i.q.shape[2]  # noqa: E731 - the shape the head checks look at
     kernel = registry.kernel
     kernel("flash_mla_with_kvcache", "ascend", PROVIDER + "-fia", priority=PRIORITY, devices=("npu", "cpu"),
-           limits=mla_limits, check=_on(A2A3, "npu_fused_infer_attention_score", _both(_dense_only, _heads("a2a3"))),
+           limits=fia_limits, check=_on(A2A3, "npu_fused_infer_attention_score", _both(_dense_only, _heads("a2a3"))),
            shape_class=heads_class,
-           doc="npu_fused_infer_attention_score MLA/TND, dense (Atlas A2/A3; FP8 cache read as bf16)")(_mla("fia"))
+           doc="npu_fused_infer_attention_score MLA/TND, dense (Atlas A2/A3; FP8 cache read as bf16; lse from torch "
+               "ops: the doc excludes softmax_lse for D = 512)")(_mla("fia"))
     kernel("flash_mla_with_kvcache", "ascend", PROVIDER + "-sfa", priority=PRIORITY, devices=("npu", "cpu"),
-           limits=mla_limits,
+           limits=sfa_limits,
            check=_on(A2A3, "npu_sparse_flash_attention", _both(_sparse_only, _heads("a2a3"))),
            shape_class=heads_class,
            doc="npu_sparse_flash_attention MLA-absorb, sparse (Atlas A2/A3; FP8 cache read as bf16)")(_mla("sfa"))
     kernel("flash_mla_with_kvcache", "ascend", PROVIDER + "-kvquant-sfa", priority=PRIORITY, devices=("npu", "cpu"),
-           limits=mla_limits,
+           limits=kvq_limits,
            check=_on(("950",), "npu_kv_quant_sparse_flash_attention with float8_e4m3fn keys",
                      _both(_fp8_cache, _cann_rows, _heads("950-kvq"))),
            shape_class=heads_class,
            doc="npu_kv_quant_sparse_flash_attention on CANN-order 656-byte rows, sparse and dense (Ascend 950)"
            )(_mla("kvq"))
     kernel("flash_mla_with_kvcache", "ascend", PROVIDER + "-sfa-950", priority=PRIORITY, devices=("npu", "cpu"),
-           limits=mla_limits,
+           limits=sfa_limits,
            check=_on(("950",), "npu_sparse_flash_attention", _both(_bf16_cache, _heads("950-sfa"))),
            shape_class=heads_class,
            doc="npu_sparse_flash_attention over every position, dense bf16 (Ascend 950)")(_mla("sfa"))

@@ -2,8 +2,10 @@
 
 The CANN op takes one x [M, K], one weight [G, K, N] and a `group_list` that splits x's rows into G
 consecutive runs (group_list_type 0 = cumulative ends, used here because it also allows G = 1, which
-type 1 = counts does not; all M rows belong to some group; at most 1024 groups). The DeepGEMM
-layouts map onto that without moving rows:
+type 1 = counts does not). The providers always end the last group at M, which every doc accepts
+(the torch_npu page asks for the last value = M; aclnnGroupedMatmulV5 allows <= M, rows past it not
+updated); at most 1024 groups on Atlas A2/A3 (no bound documented for the 950: `limits.UNBOUNDED`).
+The DeepGEMM layouts map onto that without moving rows:
 
 - contiguous `m_indices` (ascending runs, -1 on padding rows): each padding row is folded into the
   group of the valid rows before it (a running max of the row's group ids), so the counts sum to M;
@@ -21,8 +23,6 @@ from typing import Any
 
 import torch
 
-#: npu_grouped_matmul: "group_list 的第一维最大 1024" (single-single-single form)
-MAX_GROUPS = 1024
 #: group_list_type 0: the values are cumulative row ends (torch_npu docs)
 CUMULATIVE = 0
 
@@ -72,13 +72,14 @@ def bf16_grouped_gemm(npu: Any, a: torch.Tensor, b: torch.Tensor, d: torch.Tenso
 def mx_grouped_gemm(npu: Any, a: torch.Tensor, sfa_pairs: torch.Tensor, b: torch.Tensor, sfb_pairs: torch.Tensor,
                     d: torch.Tensor, group_ends: torch.Tensor, valid: torch.Tensor) -> None:
     """Ascend 950 MX: a e4m3 [M, K] with K-major pairs [M, ceil(K/64), 2]; b e4m3 [G, N, K] with pairs
-    [G, N, ceil(K/64), 2]; both weight tensors handed over as transposed views (MindSpeed's call form)."""
+    [G, N, ceil(K/64), 2]; both weight tensors handed over as transposed views (MindSpeed's call form);
+    d bf16 or fp32 (aclnnGroupedMatmulV5, Ascend 950 动态量化（MX）: out BFLOAT16/FLOAT16/FLOAT32)."""
     if d.numel() == 0:
         return
     out = npu.npu_grouped_matmul(
         [a], [b.transpose(1, 2)], scale=[sfb_pairs.view(torch.uint8).transpose(1, 2)],
         per_token_scale=[sfa_pairs.view(torch.uint8)], group_list=group_ends, split_item=3, group_type=0,
-        group_list_type=CUMULATIVE, output_dtype=torch.bfloat16, scale_dtype=npu.float8_e8m0fnu,
+        group_list_type=CUMULATIVE, output_dtype=d.dtype, scale_dtype=npu.float8_e8m0fnu,
         per_token_scale_dtype=npu.float8_e8m0fnu)[0]
     _write_rows(out, d, valid)
 

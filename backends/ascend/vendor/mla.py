@@ -15,11 +15,11 @@ The compact cache gets identity block tables, so FlashMLA's absolute cache slots
 become positions 0..L-1 of each batch's compact sequence, which is what CANN's indices are; -1
 entries are moved after the valid ones in each row (CANN: valid first, invalid after).
 
-Ops: Atlas A2/A3 dense -> `npu_fused_infer_attention_score` (MLA form, TND, `softmax_lse_flag`);
+Ops: Atlas A2/A3 dense -> `npu_fused_infer_attention_score` (MLA form, TND);
 A2/A3 sparse and Ascend 950 bf16 -> `npu_sparse_flash_attention`; Ascend 950 FP8 ->
-`npu_kv_quant_sparse_flash_attention` (dense decode = sparse decode over every position). The sparse
-ops return no lse in paged mode, so lse comes from torch ops on the compact rows (one extra QKᵀ
-pass). A query that sees no key gets FlashMLA's out 0 / lse +inf (CANN's result is undocumented).
+`npu_kv_quant_sparse_flash_attention` (dense decode = sparse decode over every position). None of
+them gives lse here (FIA: "不支持softmax_lse" for MLA D = 512; the sparse ops: no lse in paged mode),
+so lse comes from torch ops on the compact rows (one extra QKᵀ pass). A query that sees no key gets FlashMLA's out 0 / lse +inf (CANN's result is undocumented).
 The longest sequence (dense) and FIA's length lists are read back to the host: one sync per call.
 """
 
@@ -208,42 +208,43 @@ def dense_decode_as_sparse(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, blo
 def dense_decode_fused_infer(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                              cache_seqlens: torch.Tensor, softmax_scale: float, causal: bool, out: torch.Tensor,
                              lse: torch.Tensor, cache_format: KVCacheFormat = FLASHMLA_FP8_KV) -> None:
-    """Atlas A2/A3 dense decode through npu_fused_infer_attention_score (MLA, TND, lse from the op).
+    """Atlas A2/A3 dense decode through npu_fused_infer_attention_score (MLA, TND).
 
-    Empty sequences are not sent (out 0, lse +inf). A causal batch with fewer keys than queries would
-    block CANN's rightDownCausal mode ("actual_seq_lengths_kv - actual_seq_lengths < 0"), so such
-    batches go through npu_sparse_flash_attention over their positions.
+    lse does not come from the op: its MLA constraints for query D = 512 (every layout, TND
+    included) list softmax_lse as not supported (torch_npu-npu_fused_infer_attention_score.md,
+    MLA约束, master and 26.1.0), so it is computed with torch ops on the compact rows, as for the
+    sparse ops. Causal batches with fewer keys than queries go to the op too: the "blocks execution"
+    rule for actual_seq_lengths_kv - actual_seq_lengths < 0 under sparse_mode 3 applies to int8 output
+    with quant_offset2 only (约束说明), and the queries that see no key there get out 0 / lse +inf
+    here (what the op writes for them is undocumented). Empty sequences are not sent.
     """
     b, s_q, h_q, _ = q.shape
     seqlens = [int(v) for v in cache_seqlens.tolist()]  # FIA takes host lists
     out.zero_()
     lse.fill_(math.inf)
-    short = [i for i, n in enumerate(seqlens) if causal and 0 < n < s_q]
-    full = [i for i, n in enumerate(seqlens) if n > 0 and i not in short]
-    if full:
-        rows = torch.tensor(full, device=q.device)
-        lengths = cache_seqlens.index_select(0, rows)
-        cache, table, _, _ = compact_dense(k_cache, block_table.index_select(0, rows), lengths, "bf16", cache_format)
-        nope, rope = _split(cache)
-        nb = cache.shape[0]
-        qs = q.index_select(0, rows).reshape(len(full) * s_q, h_q, -1)
-        mode = SPARSE_MODE_RIGHT_DOWN_CAUSAL if causal and s_q > 1 else SPARSE_MODE_FULL
-        attn, softmax_lse = npu.npu_fused_infer_attention_score(
-            qs[..., :KV_LATENT_DIM].contiguous(), nope.view(nb, COMPACT_BLOCK, -1), nope.view(nb, COMPACT_BLOCK, -1),
-            query_rope=qs[..., KV_LATENT_DIM:].contiguous(), key_rope=rope.view(nb, COMPACT_BLOCK, -1),
-            atten_mask=causal_mask(q.device) if mode == SPARSE_MODE_RIGHT_DOWN_CAUSAL else None,
-            actual_seq_lengths=[s_q * (j + 1) for j in range(len(full))],
-            actual_seq_lengths_kv=[seqlens[i] for i in full], block_table=table, num_heads=h_q, scale=softmax_scale,
-            input_layout="TND", num_key_value_heads=1, sparse_mode=mode, block_size=COMPACT_BLOCK,
-            softmax_lse_flag=True)
-        out.index_copy_(0, rows, attn.view(len(full), s_q, h_q, -1).to(out.dtype))
-        lse.index_copy_(0, rows, softmax_lse.view(len(full), s_q, h_q).permute(0, 2, 1).to(lse.dtype))
-    if short:
-        rows = torch.tensor(short, device=q.device)
-        o = torch.empty(len(short), *out.shape[1:], dtype=out.dtype, device=out.device)
-        l_ = torch.empty(len(short), *lse.shape[1:], dtype=lse.dtype, device=lse.device)
-        dense_decode_as_sparse(npu, q.index_select(0, rows), k_cache, block_table.index_select(0, rows),
-                               cache_seqlens.index_select(0, rows), softmax_scale, causal, o, l_, fp8_op=False,
-                               cache_format=cache_format)
-        out.index_copy_(0, rows, o)
-        lse.index_copy_(0, rows, l_)
+    full = [i for i, n in enumerate(seqlens) if n > 0]
+    if not full:
+        return
+    rows_idx = torch.tensor(full, device=q.device)
+    lengths = cache_seqlens.index_select(0, rows_idx)
+    cache, table, lengths32, rows = compact_dense(k_cache, block_table.index_select(0, rows_idx), lengths, "bf16",
+                                                  cache_format)
+    nope, rope = _split(cache)
+    nb = cache.shape[0]
+    q_sel = q.index_select(0, rows_idx)
+    qs = q_sel.reshape(len(full) * s_q, h_q, -1)
+    mode = SPARSE_MODE_RIGHT_DOWN_CAUSAL if causal and s_q > 1 else SPARSE_MODE_FULL
+    attn, _ = npu.npu_fused_infer_attention_score(
+        qs[..., :KV_LATENT_DIM].contiguous(), nope.view(nb, COMPACT_BLOCK, -1), nope.view(nb, COMPACT_BLOCK, -1),
+        query_rope=qs[..., KV_LATENT_DIM:].contiguous(), key_rope=rope.view(nb, COMPACT_BLOCK, -1),
+        atten_mask=causal_mask(q.device) if mode == SPARSE_MODE_RIGHT_DOWN_CAUSAL else None,
+        actual_seq_lengths=[s_q * (j + 1) for j in range(len(full))],
+        actual_seq_lengths_kv=[seqlens[i] for i in full], block_table=table, num_heads=h_q, scale=softmax_scale,
+        input_layout="TND", num_key_value_heads=1, sparse_mode=mode, block_size=COMPACT_BLOCK,
+        softmax_lse_flag=False)
+    o = attn.view(len(full), s_q, h_q, -1).to(out.dtype)
+    l_ = torch.empty(len(full), h_q, s_q, dtype=lse.dtype, device=lse.device)
+    visible = _dense_visible(lengths32, s_q, rows.shape[1], mode == SPARSE_MODE_RIGHT_DOWN_CAUSAL)
+    _lse_and_empty_rows(q_sel, _row_keys(rows)[:, None], visible, softmax_scale, o, l_)
+    out.index_copy_(0, rows_idx, o)
+    lse.index_copy_(0, rows_idx, l_)

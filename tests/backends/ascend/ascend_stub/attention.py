@@ -2,7 +2,8 @@
 
 - `npu_fused_infer_attention_score`: MLA (`query_rope` / `key_rope`, D = 512 + 64), `input_layout="TND"`,
   PagedAttention with `block_table`, `sparse_mode` 0 or 3 (3 = rightDownCausal, needs the optimized
-  (2048, 2048) `atten_mask`), `softmax_lse_flag` -> lse (T, N, 1). Atlas A2/A3 only (26.1.0 / master docs).
+  (2048, 2048) `atten_mask`; fewer keys than queries allowed, those queries NaN), no softmax_lse
+  (MLA约束, D = 512: "不支持：softmax_lse"). Atlas A2/A3 only (26.1.0 / master docs).
 - `npu_sparse_flash_attention`: MLA-absorb (`attention_mode=2`), `layout_kv="PA_BSND"`, bf16; no lse
   in paged mode (`return_softmax_lse` is for training without PA).
 - `npu_kv_quant_sparse_flash_attention`: 656-byte rows [nope | rope | 4 fp32 scales], per-tile (128)
@@ -18,7 +19,7 @@ import math
 
 import torch
 
-from ._common import StandInError, require
+from ._common import require
 
 MLA_HEADS_A2A3 = (1, 2, 4, 8, 16, 32, 64, 128)
 NOPE, ROPE = 512, 64
@@ -83,6 +84,8 @@ class FusedInferAttention:
                 "npu_fused_infer_attention_score MLA PA: block_size a multiple of 16, <= 1024, equal to the cache's")
         require(sparse_mode in (0, 3), "npu_fused_infer_attention_score MLA D=512: sparse_mode 0, 3 or 4 (stand-in: "
                                        "0 and 3)")
+        require(not softmax_lse_flag, "npu_fused_infer_attention_score MLA, query D = 512: softmax_lse is not "
+                                      "supported (MLA约束, D = 512: 不支持softmax_lse; every layout, TND included)")
         if sparse_mode == 3:
             require(atten_mask is not None and atten_mask.dtype in (torch.bool, torch.int8, torch.uint8)
                     and tuple(atten_mask.shape) == (2048, 2048)
@@ -105,9 +108,9 @@ class FusedInferAttention:
         start = 0
         for i in range(b):
             s_q, s_k = q_cum[i] - start, kv_len[i]
-            if sparse_mode == 3 and s_k - s_q < 0:
-                raise StandInError("npu_fused_infer_attention_score: sparse_mode 3 with actual_seq_lengths_kv - "
-                                   "actual_seq_lengths < 0 blocks execution")
+            # sparse_mode 3 with fewer keys than queries is allowed: the "blocks execution" rule for
+            # actual_seq_lengths_kv - actual_seq_lengths < 0 is for int8 output with quant_offset2 (约束说明),
+            # which this stand-in does not implement; the queries that see no key come back NaN
             pos = torch.arange(s_k)
             blocks, offs = _paged_positions(block_table, i, pos, bs)
             k_full = torch.cat((key[blocks, offs], key_rope[blocks, offs]), -1)      # [s_k, 576]
@@ -119,13 +122,12 @@ class FusedInferAttention:
             o, s = _attend(q, k_full[None].expand(s_q, -1, -1), v[None].expand(s_q, -1, -1), visible, scale)
             out[start:start + s_q], lse[start:start + s_q] = o, s
             start = q_cum[i]
-        lse_out = lse.float()[..., None] if softmax_lse_flag else torch.zeros(1)
-        return out.to(query.dtype), lse_out
+        return out.to(query.dtype), torch.zeros(1)  # softmax_lse_flag=False: "shape (1,)，值为0的Tensor"
 
 
 def _check_sparse_common(owner, name, query, block_table, actual_seq_lengths_kv, sparse_indices, layout_query,
                          layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, sparse_block_size, heads,
-                         key_block_size):
+                         key_block_size, max_sparse_block=128):
     require(layout_query == "BSND" and layout_kv == "PA_BSND", f"stand-in {name}: only BSND query with PA_BSND kv")
     require(attention_mode == 2, f"{name}: attention_mode must be 2 (MLA-absorb)")
     require(sparse_mode in (0, 3), f"{name}: sparse_mode 0 or 3")
@@ -133,8 +135,10 @@ def _check_sparse_common(owner, name, query, block_table, actual_seq_lengths_kv,
     if owner.chip == "950":
         require(sparse_block_size == 1, f"{name}: Ascend 950 supports sparse_block_size 1 only")
     else:
-        require(sparse_block_size in (1, 2, 4, 8, 16) and key_block_size % sparse_block_size == 0,
-                f"{name}: sparse_block_size a power of two dividing block_size")
+        # SFA 约束说明 A2/A3: [1, 128], a power of two; KV-quant SFA 约束说明 A2/A3: [1, 16]; both dividing block_size
+        require(1 <= sparse_block_size <= max_sparse_block and sparse_block_size & (sparse_block_size - 1) == 0
+                and key_block_size % sparse_block_size == 0,
+                f"{name}: sparse_block_size a power of two in [1, {max_sparse_block}] dividing block_size")
     b, s1, n1, _ = query.shape
     require(n1 in heads, f"{name}: query N must be one of {heads}")
     require(key_block_size % 16 == 0 and 0 < key_block_size <= 1024, f"{name}: block_size multiple of 16, <= 1024")
@@ -243,7 +247,7 @@ class KvQuantSparseFlashAttention:
         nb, bs = key.shape[0], key.shape[1]
         b, s1, n1 = _check_sparse_common(self.owner, name, query, block_table, actual_seq_lengths_kv, sparse_indices,
                                          layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode,
-                                         sparse_block_size, heads, bs)
+                                         sparse_block_size, heads, bs, max_sparse_block=16)
         require(query.shape[3] == NOPE + ROPE, f"{name}: query D must be 576 (nope + rope)")
         require(tuple(key.shape) == (nb, bs, 1, 656) and value.shape == key.shape,
                 f"{name}: key/value [block_num, block_size, 1, 656]")

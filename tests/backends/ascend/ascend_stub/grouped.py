@@ -1,10 +1,15 @@
 """Stand-in for `npu_grouped_matmul`, the single-x / single-3-D-weight / single-y form (group_type 0).
 
-Sources: torch_npu `npu_grouped_matmul` (26.1.0 docs: group_list rules, group_list_type 0 = cumsum /
-1 = counts, split_item 2|3 for a single y, "group_list 的第一维最大 1024", weight 3-D, x not
-transposed, inner dims < 65536, bf16 x bf16 -> bf16 on A2/A3). The Ascend 950 MX form (FP8 x and
-weight, e8m0 `per_token_scale` / `scale`, `scale_dtype = per_token_scale_dtype = float8_e8m0fnu`) is not
-in the torch_npu docs; it follows MindSpeed / vLLM-Ascend call sites (docs/ascend.md).
+Sources: torch_npu `npu_grouped_matmul` (master 517f2e7 / 26.1.0 docs: group_list rules,
+group_list_type 0 = cumsum / 1 = counts, split_item 2|3 for a single y, x not transposed, bf16 x bf16
+-> bf16 and fp32 x fp32 -> fp32 on A2/A3) and aclnnGroupedMatmulV5 (ops-transformer e033f88, 约束说明),
+which the torch_npu call runs:
+- Atlas A2/A3: at most 1024 groups, last dims (x's K, the weight's last dim) < InnerLimit 65536;
+- Ascend 950 (no torch_npu page): no group-count or inner-dim bound stated; MX (FP8 x and weight,
+  e8m0 `per_token_scale` (M, ceil(K/64), 2) and `scale` (g, N, ceil(K/64), 2) for a transposed weight)
+  with BFLOAT16 / FLOAT16 / FLOAT32 out;
+- group_list_type 0: non-negative, non-decreasing; the last value <= M ("末值 ≤ x 第一维"; the torch_npu
+  page asks for = M): rows past it are "not updated" (未指定部分不参与更新), returned NaN here.
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ import torch
 from ._common import (FLOAT8_E8M0FNU, FP8_DTYPES, cdiv, contiguous_pairs, e8m0_bytes, e8m0_values, require,
                       transposed_last_two, transposed_pairs)
 
-MAX_GROUPS = 1024
-INNER_LIMIT = 65536
+MAX_GROUPS_A2A3 = 1024
+INNER_LIMIT_A2A3 = 65536
 
 
 class GroupedMatmul:
@@ -44,8 +49,9 @@ class GroupedMatmul:
         require(kw == k, f"npu_grouped_matmul: weight must be [g, k, n] with k = {k}, got {tuple(w.shape)}")
         w_t = transposed_last_two(w)
         require(w_t or w.is_contiguous(), "npu_grouped_matmul: weight must be contiguous or a transposed view")
-        require(k < INNER_LIMIT and (k if w_t else n) < INNER_LIMIT,
-                f"npu_grouped_matmul: last dimensions must be < InnerLimit {INNER_LIMIT}")
+        if self.owner.chip == "a2a3":
+            require(k < INNER_LIMIT_A2A3 and (k if w_t else n) < INNER_LIMIT_A2A3,
+                    f"npu_grouped_matmul: Atlas A2/A3 last dimensions must be < InnerLimit {INNER_LIMIT_A2A3}")
         counts = self._counts(group_list, group_list_type, g, m)
         if a.dtype in (torch.bfloat16, torch.float32):
             require(w.dtype == a.dtype and scale is None and per_token_scale is None,
@@ -53,14 +59,15 @@ class GroupedMatmul:
             require(output_dtype in (None, a.dtype), "npu_grouped_matmul: non-quantized output has x's dtype "
                                                      "(float32 only for a single x / weight / y)")
             if self.owner.chip == "950":
-                self.owner.record("npu_grouped_matmul[bf16 on 950: from call sites, not docs]")
+                self.owner.record("npu_grouped_matmul[bf16 on 950: aclnnGroupedMatmulV5, no torch_npu page]")
             da, dw = a.double(), w.double()
         else:
             require(a.dtype in FP8_DTYPES and w.dtype in FP8_DTYPES, f"npu_grouped_matmul: unsupported x {a.dtype}")
             require(self.owner.chip == "950", "npu_grouped_matmul: FP8 inputs need Ascend 950")
             da, dw = self._mx_dequantized(a, w, scale, per_token_scale, scale_dtype, per_token_scale_dtype, w_t)
-            require(output_dtype in (torch.bfloat16, torch.float16), "npu_grouped_matmul MX: output bf16 or fp16")
-        out = torch.zeros(m, n, dtype=torch.float64)
+            require(output_dtype in (torch.bfloat16, torch.float16, torch.float32),
+                    "npu_grouped_matmul MX: output bf16, fp16 or fp32 (aclnnGroupedMatmulV5, 950 动态量化（MX）)")
+        out = torch.full((m, n), float("nan"), dtype=torch.float64)  # rows past the last group: not updated
         start = 0
         for group, count in enumerate(counts.tolist()):
             out[start:start + count] = da[start:start + count] @ dw[group]
@@ -71,17 +78,18 @@ class GroupedMatmul:
         require(isinstance(group_list, torch.Tensor) and group_list.dtype == torch.int64 and group_list.dim() == 1,
                 "npu_grouped_matmul: group_list must be a 1-D int64 tensor")
         require(group_list.shape[0] == g, "npu_grouped_matmul: group_list length must equal the weight's group count")
-        require(g <= MAX_GROUPS, f"npu_grouped_matmul: at most {MAX_GROUPS} groups")
+        if self.owner.chip == "a2a3":
+            require(g <= MAX_GROUPS_A2A3, f"npu_grouped_matmul: Atlas A2/A3 take at most {MAX_GROUPS_A2A3} groups")
         require(group_list_type in (0, 1), "npu_grouped_matmul: group_list_type 0 (cumsum) or 1 (counts)")
         gl = group_list.long()
         if group_list_type == 0:
             require(bool((gl >= 0).all()) and bool((gl[1:] >= gl[:-1]).all()),
                     "npu_grouped_matmul: group_list_type 0 needs a non-negative non-decreasing cumsum")
-            require(g == 0 or int(gl[-1]) == m, "npu_grouped_matmul: the last cumsum value must equal x's rows")
+            require(g == 0 or int(gl[-1]) <= m, "npu_grouped_matmul: the last cumsum value must be <= x's rows")
             return torch.diff(gl, prepend=gl.new_zeros(1))
         require(g > 1 and bool((gl >= 0).all()), "npu_grouped_matmul: group_list_type 1 needs non-negative counts, "
                 "length not 1")
-        require(int(gl.sum()) == m, "npu_grouped_matmul: the counts must sum to x's rows")
+        require(int(gl.sum()) <= m, "npu_grouped_matmul: the counts must sum to <= x's rows")
         return gl
 
     def _mx_dequantized(self, a, w, scale, per_token_scale, scale_dtype, per_token_scale_dtype, w_t):

@@ -15,7 +15,6 @@ from ._common import (FLOAT4_E2M1FN_X2, FLOAT8_E8M0FNU, FP8_DTYPES, StandInError
                       e8m0_bytes, e8m0_values, require, transposed_last_two, transposed_pairs)
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_INNER = 65535  # "x1、x2的最后一维大小不能超过65535" (torch_npu npu_quant_matmul constraints)
 MX_GROUP = [1, 1, 32]
 GB_GROUP = [1, 128, 128]
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -55,8 +54,8 @@ class QuantMatmul:
         n = x2.shape[1]
         x2_t = transposed_last_two(x2)
         require(x2_t or x2.is_contiguous(), "npu_quant_matmul: x2 must be contiguous (k, n) or a transposed (n, k)")
-        require(k <= MAX_INNER and (n if not x2_t else k) <= MAX_INNER,
-                f"npu_quant_matmul: the last dimension of x1 and x2 must be <= {MAX_INNER}")
+        # no K / N bound: aclnnQuantMatmulV5's Ascend 950 constraints state none (the 65535 of the torch_npu
+        # page belongs to a page listing Atlas A2/A3/推理 only, and this stand-in covers the 950's FP8 modes)
         require(output_dtype in OUT_DTYPES, f"npu_quant_matmul: FP8 output_dtype must be one of {OUT_DTYPES}")
         require(isinstance(group_sizes, (list, tuple)) and len(group_sizes) == 3,
                 "npu_quant_matmul: group_sizes must be [group_m, group_n, group_k]")
@@ -131,8 +130,9 @@ class DynamicMxQuant:
         require(round_mode == "rint", "npu_dynamic_mx_quant: FP8 destinations support round_mode 'rint' only")
         require(isinstance(block_size, int) and 0 < block_size <= 1024 and block_size % 32 == 0,
                 "npu_dynamic_mx_quant: block_size must be a multiple of 32, > 0 and <= 1024")
-        require(input.dtype != torch.float32 or block_size == 32,
-                "npu_dynamic_mx_quant: FLOAT input supports block_size 32 only")
+        require(input.dtype != torch.float32 or (block_size == 32 and input.shape[axis] >= 32),
+                "npu_dynamic_mx_quant: a FLOAT input takes block_size 32 only and a quantized axis of at least 32 "
+                "(aclnnDynamicMxQuantV3 约束说明)")
         require(scale_alg in (0, 1), "npu_dynamic_mx_quant: scale_alg must be 0 or 1 for FP8")
         require(dst_type_max == 0.0, "stand-in: dst_type_max is not implemented")
         require(max_low_bound >= 0.0 and (max_low_bound == 0.0 or scale_alg == 1),
