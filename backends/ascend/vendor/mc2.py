@@ -23,10 +23,17 @@ Calls outside MC2's documented contract run on the all-to-all engine instead (de
 from one small all-gather, so all ranks take the same path): FP8 (MC2's quant_mode 2 is a per-token
 int8 cast, not DeepEP's per-128 FP8 blocks), fp32 tokens, a token with some but not all top-k
 entries -1 (the ids must lie in [0, E)), a rank with no routed token (BS > 0), K > 16, more than
-512 experts, the per-chip limits (Atlas A2: R in {16, 32, 64}, <= 24 local experts, H % 32 == 0 and
-H <= 7168, M <= 256; Atlas A3: R in [2, 384], H in [1024, 7168], M <= 512), other chips, and any
-rank's argument error (which the all-to-all engine then reports on every rank). Tokens routed to no
-expert at all are left out of the MC2 call and get zeros back, as in DeepEP.
+1024 experts, the per-chip limits of the communication algorithm the engine passes (`CHIP_LIMITS`:
+Atlas A2 comm_alg "fullmesh": R in {2..8, 16, 32, 64, 128, 256}, H % 32 == 0 and H <= 7168,
+M <= 256; Atlas A3 comm_alg "" (dispatch: fullmesh_v1): R in [2, 768], H in [1024, 8192], M <= 512,
+local experts x R <= 2048), other chips, and any rank's argument error (which the all-to-all engine
+then reports on every rank). Tokens routed to no expert at all are left out of the MC2 call and get
+zeros back, as in DeepEP. The figures are the torch_npu pages' (op-plugin master 517f2e7 and 26.1.0
+agree), cited in `CHIP_LIMITS`. On Atlas A2 dispatch returns `expand_scales` (A,) float32 and combine
+requires it; the engine passes it through untouched (on A3 with comm_alg "" it is None both ways).
+
+The row-order assumption above is checked by `row_order_self_test` (2 ranks and more; what the
+device check runs on an NPU with HCCL).
 
 torch_npu is imported lazily (`torch_npu_module`); tests pass a documented-semantics stand-in as
 `npu` and the name of a Gloo group it knows as `group_name`. Not run on an NPU.
@@ -50,12 +57,40 @@ from portable_kernels.ops.ep.sizes import get_low_latency_rdma_size_hint
 from portable_kernels.ops.ep.transport import Transport
 from portable_kernels.ops.ep.workspace import Workspace
 
-#: top-k, expert-count and per-chip limits of the MC2 pair (torch_npu docs; see docs/ep.md)
+#: the MC2 pair's pages: op-plugin master 517f2e7 docs/zh/custom_APIs/torch_npu/<page>.md (26.1.0 agrees)
+DISPATCH_PAGE = "torch_npu-npu_moe_distribute_dispatch_v2.md"
+COMBINE_PAGE = "torch_npu-npu_moe_distribute_combine_v2.md"
+#: 约束说明 K: 0 < K <= 16 (12 only for A3's fullmesh_v2, which the engine does not use)
 MAX_TOPK = 16
-MAX_EXPERTS = 512
-A2_WORLD_SIZES = (16, 32, 64)
-A2_MAX_LOCAL_EXPERTS, A2_MAX_HIDDEN, A2_MAX_BS = 24, 7168, 256
-A3_WORLD_RANGE, A3_HIDDEN_RANGE, A3_MAX_BS = (2, 384), (1024, 7168), 512
+#: 参数说明 moe_expert_num: [1, 1024] on A2 and on A3 (A3 hierarchy: 512, not used)
+MAX_EXPERTS = 1024
+
+
+@attrs.frozen
+class ChipLimits:
+    """What one chip's MC2 pair takes under the comm_alg the engine passes, with the doc's words."""
+
+    comm_alg: str
+    world_sizes: tuple[int, ...] | None     # an explicit list, or None for world_range
+    world_range: tuple[int, int] | None
+    hidden_range: tuple[int, int]           # inclusive
+    hidden_multiple: int
+    max_bs: int
+    max_expert_slots: int | None            # local_expert_num * ep_world_size
+    source: str
+
+
+CHIP_LIMITS = {
+    "a2": ChipLimits(
+        "fullmesh", (2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256), None, (1, 7168), 32, 256, None,
+        f"{DISPATCH_PAGE} / {COMBINE_PAGE}, Atlas A2, comm_alg \"fullmesh\": ep_world_size 2-8, 16, 32, 64, 128, "
+        f"256; H in (0, 7168], a multiple of 32; 0 < BS <= 256 (comm_alg \"\" picks fullmesh or hierarchy from "
+        f"HCCL_INTRA_* variables, 不推荐, so the engine names fullmesh)"),
+    "a3": ChipLimits(
+        "", None, (2, 768), (1024, 8192), 1, 512, 2048,
+        f"{DISPATCH_PAGE} / {COMBINE_PAGE}, Atlas A3, comm_alg \"\" (dispatch: fullmesh_v1): ep_world_size "
+        f"[2, 768]; H [1024, 8192]; 0 < BS <= 512; 0 < local_expert_num * ep_world_size <= 2048"),
+}
 #: npu.get_soc_version() ranges (vLLM-Ascend): 220-225 Atlas A2, 250-255 Atlas A3
 SOC_RANGES = {"a2": range(220, 226), "a3": range(250, 256)}
 MC2_DTYPES = (torch.bfloat16, torch.float16)
@@ -91,6 +126,111 @@ def chip_of(npu: Any) -> str | None:
     except Exception:
         return None
     return next((chip for chip, versions in SOC_RANGES.items() if version in versions), None)
+
+
+def limits_reason(chip: str | None, ranks: int, hidden: int, max_tokens: int, num_experts: int,
+                  num_topk: int) -> str | None:
+    """Why MC2 cannot take this call on `chip` ("a2" / "a3"), with the doc's words; None when it can."""
+    if chip not in CHIP_LIMITS:
+        return f"the MC2 pair's pages list Atlas A2 and A3 only, not {chip or 'this chip'}"
+    if not 0 < num_topk <= MAX_TOPK or num_topk > num_experts:
+        return f"K = {num_topk}: 0 < K <= {MAX_TOPK} and K <= moe_expert_num ({DISPATCH_PAGE} 约束说明)"
+    if not 1 <= num_experts <= MAX_EXPERTS or num_experts % ranks:
+        return (f"moe_expert_num = {num_experts}: [1, {MAX_EXPERTS}] and a multiple of ep_world_size {ranks} "
+                f"({DISPATCH_PAGE} 参数说明)")
+    lim = CHIP_LIMITS[chip]
+    in_world = ranks in lim.world_sizes if lim.world_sizes else lim.world_range[0] <= ranks <= lim.world_range[1]
+    problems = []
+    if not in_world:
+        problems.append(f"ep_world_size {ranks}")
+    if not (lim.hidden_range[0] <= hidden <= lim.hidden_range[1] and hidden % lim.hidden_multiple == 0):
+        problems.append(f"H {hidden}")
+    if not 0 < max_tokens <= lim.max_bs:
+        problems.append(f"BS up to {max_tokens}")
+    if lim.max_expert_slots is not None and num_experts > lim.max_expert_slots:
+        problems.append(f"local experts x ranks {num_experts}")
+    return None if not problems else f"{', '.join(problems)} outside {lim.source}"
+
+
+#: what the engine assumes about the rows of one expert in expand_x (undocumented; row_order_self_test)
+ROW_ORDER = "grouped by local expert; inside an expert by source rank, then source token"
+
+
+@attrs.frozen
+class RowOrderReport:
+    """What `row_order_self_test` saw on one rank: whether every expert's block of expand_x followed
+    ROW_ORDER, and the (source rank, source token) pairs of each local expert in arrival order."""
+
+    ok: bool
+    chip: str | None
+    observed: tuple[tuple[tuple[int, int], ...], ...]
+    expected: tuple[tuple[tuple[int, int], ...], ...]
+    detail: str
+
+
+def row_order_self_test(group: Any, npu: Any = None, group_name: str | None = None, device: Any = None,
+                        hidden: int = 1024, tokens: int = 8, experts_per_rank: int = 2,
+                        topk: int = 2) -> RowOrderReport:
+    """Dispatch tokens that carry their own (rank, token) in their first three columns through
+    npu_moe_distribute_dispatch_v2, read the rows back out of expand_x and compare with ROW_ORDER.
+
+    Every rank of `group` must call it (it runs one dispatch and one combine, which also returns the
+    tokens so the MC2 buffers are left as a normal call leaves them). The values are small integers,
+    exact in bf16. On the stand-in it checks the test's own choice; on an NPU it checks CANN's.
+    The sizes default to a call both chips' documented limits accept (H 1024, 2 experts per rank)."""
+    import torch.distributed as dist
+    npu = npu if npu is not None else torch_npu_module()
+    if npu is None:
+        raise ContractError(format_problem("row_order_self_test", "npu", "None (torch_npu does not import)",
+                                           "torch_npu, or a module with its MC2 ops", "install torch_npu with CANN"))
+    chip = chip_of(npu)
+    ranks, rank = dist.get_world_size(group), dist.get_rank(group)
+    name = group_name if group_name is not None else hccl_comm_name(group)
+    num_experts = experts_per_rank * ranks
+    why = limits_reason(chip, ranks, hidden, tokens, num_experts, topk)
+    if why is not None:
+        return RowOrderReport(False, chip, (), (), f"not run: {why}")
+    if device is None:  # the real module takes NPU tensors; a stand-in takes CPU ones
+        device = "npu" if getattr(npu, "__name__", None) == "torch_npu" else "cpu"
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(1234 + rank)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:topk] for _ in range(tokens)]).to(torch.int32)
+    x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)  # columns: rank // 128, rank % 128, token
+    x[:, 0], x[:, 1] = rank // 128, rank % 128
+    x[:, 2] = torch.arange(tokens, dtype=torch.bfloat16)
+    every = [torch.empty_like(ids) for _ in range(ranks)]
+    dist.all_gather(every, ids, group=group)
+    expand_x, _, assist, counts, ep_recv, tp_recv, expand_scales = npu.npu_moe_distribute_dispatch_v2(
+        x.to(device), ids.to(device), name, ranks, rank, num_experts, quant_mode=0, global_bs=tokens * ranks,
+        expert_token_nums_type=1, comm_alg=CHIP_LIMITS[chip].comm_alg)
+    rows = expand_x.cpu().float()
+    counts = counts.cpu().long().tolist()
+    observed, expected, start = [], [], 0
+    for local in range(experts_per_rank):
+        expert = rank * experts_per_rank + local
+        block = rows[start:start + counts[local]]
+        start += counts[local]
+        observed.append(tuple((int(r[0]) * 128 + int(r[1]), int(r[2])) for r in block))
+        expected.append(tuple((src, t) for src in range(ranks) for t in range(tokens)
+                              if bool((every[src][t] == expert).any())))
+    back = npu.npu_moe_distribute_combine_v2(
+        expand_x, ids.to(device), assist, ep_recv, torch.ones(tokens, topk, device=device), name, ranks, rank,
+        num_experts, tp_send_counts=tp_recv, expand_scales=expand_scales, global_bs=tokens * ranks,
+        comm_alg=CHIP_LIMITS[chip].comm_alg)
+    combined_ok = bool(torch.equal(back.cpu().float()[:, :3], x[:, :3].float() * topk))
+    same_sets = all(sorted(o) == sorted(e) for o, e in zip(observed, expected))
+    ok = same_sets and observed == expected and combined_ok
+    if ok:
+        detail = f"every expert's rows arrived {ROW_ORDER.split('; ')[1]}"
+    elif not same_sets:
+        detail = "expand_x does not hold the routed (rank, token) rows per expert: the dispatch itself is off"
+    elif observed != expected:
+        detail = (f"rows arrive in another order than the engine assumes ({ROW_ORDER}): the MC2 handle's "
+                  f"recv_src_info would be wrong; report it with this output (combine_v2 "
+                  f"{'returned' if combined_ok else 'did not return'} each token times its K unit weights)")
+    else:
+        detail = "combine_v2 did not return each token times its K unit weights"
+    return RowOrderReport(ok, chip, tuple(observed), tuple(expected), detail)
 
 
 @attrs.frozen(eq=False)
@@ -166,17 +306,7 @@ class Mc2LowLatencyEngine:
         return every if bool((every[:, 0] == 1).all()) else None
 
     def _limits_ok(self, hidden: int, max_tokens: int, num_experts: int, num_topk: int) -> bool:
-        ranks = self.transport.num_ranks
-        local = num_experts // ranks
-        if num_topk > MAX_TOPK or num_experts > MAX_EXPERTS or num_topk > num_experts:
-            return False
-        if self.chip == "a2":
-            return (ranks in A2_WORLD_SIZES and local <= A2_MAX_LOCAL_EXPERTS and hidden % 32 == 0
-                    and hidden <= A2_MAX_HIDDEN and max_tokens <= A2_MAX_BS)
-        if self.chip == "a3":
-            return (A3_WORLD_RANGE[0] <= ranks <= A3_WORLD_RANGE[1]
-                    and A3_HIDDEN_RANGE[0] <= hidden <= A3_HIDDEN_RANGE[1] and max_tokens <= A3_MAX_BS)
-        return False
+        return limits_reason(self.chip, self.transport.num_ranks, hidden, max_tokens, num_experts, num_topk) is None
 
     # ---------------------------------------------------------------- dispatch
 
@@ -220,7 +350,7 @@ class Mc2LowLatencyEngine:
         expand_x, _, assist, expert_token_nums, ep_recv_counts, tp_recv_counts, expand_scales = \
             self.npu.npu_moe_distribute_dispatch_v2(
                 x[tokens], expert_ids, self.group_name, ranks, rank, num_experts, quant_mode=0, global_bs=global_bs,
-                expert_token_nums_type=1)
+                expert_token_nums_type=1, comm_alg=CHIP_LIMITS[self.chip].comm_alg)
 
         mine = torch.arange(local, device=device) + rank * local
         hits = (every_idx[..., None] == mine).any(dim=2)            # [R, M, L]
@@ -270,7 +400,7 @@ class Mc2LowLatencyEngine:
         back = self.npu.npu_moe_distribute_combine_v2(
             expand_x, state.expert_ids, state.assist_info_for_combine, state.ep_recv_counts, scales, self.group_name,
             ranks, rank, handle.num_experts, tp_send_counts=state.tp_recv_counts, expand_scales=state.expand_scales,
-            global_bs=state.global_bs)
+            global_bs=state.global_bs, comm_alg=CHIP_LIMITS[self.chip].comm_alg)
         out = torch.zeros((state.num_tokens, x.shape[-1]), dtype=x.dtype, device=x.device)
         out[state.active] = back.to(x.dtype)
         return out

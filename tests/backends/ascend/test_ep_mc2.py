@@ -57,11 +57,11 @@ def _same_rows(a, b) -> bool:
     return torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1 else a, b.view(torch.uint8) if b.dtype.itemsize == 1 else b)
 
 
-def _compare(rank: int, num_ranks: int, group, cases) -> dict:
+def _compare(rank: int, num_ranks: int, group, cases, soc: str = "910c") -> dict:
     """On every rank: the same low-latency calls through a Buffer on the all-to-all engine and one on
-    the MC2 engine (stand-in ops); returns per case the MC2 engine's paths and the largest combine
-    difference, after asserting that dispatch results are equal."""
-    npu = make_stand_in("910c")
+    the MC2 engine (stand-in ops for `soc`); returns per case the MC2 engine's paths and the largest
+    combine difference, after asserting that dispatch results are equal."""
+    npu = make_stand_in(soc)
     name = register_group(group)
     plain = Buffer(group, 0, int(1e8), timeout=30)
     mc2 = Buffer(group, 0, int(1e8), timeout=30, low_latency_engine=Mc2LowLatencyEngine.factory(npu=npu, group_name=name))
@@ -167,8 +167,15 @@ def _constraints(rank: int, num_ranks: int, group) -> dict:
         "quant_mode 1": lambda: dispatch(x, ids, name, num_ranks, rank, 4, quant_mode=1),
         "fp32 x": lambda: dispatch(x.float(), ids, name, num_ranks, rank, 4),
         "hidden under 1024 on A3": lambda: dispatch(x[:, :512], ids, name, num_ranks, rank, 4),
-        "A2 world size": lambda: make_stand_in("910b").npu_moe_distribute_dispatch_v2(x, ids, name, num_ranks,
-                                                                                        rank, 4),
+        "A2 hierarchy world size": lambda: make_stand_in("910b").npu_moe_distribute_dispatch_v2(
+            x, ids, name, num_ranks, rank, 4, comm_alg="hierarchy"),
+        "A2 H not a multiple of 32": lambda: make_stand_in("910b").npu_moe_distribute_dispatch_v2(
+            x[:, :1000], ids, name, num_ranks, rank, 4, comm_alg="fullmesh"),
+        "A3 combine with fullmesh_v1": lambda: npu.npu_moe_distribute_combine_v2(
+            torch.zeros(8, HIDDEN).bfloat16(), ids, torch.zeros(8 * 128, dtype=torch.int32),
+            torch.zeros(4, dtype=torch.int32), torch.ones(4, 2), name, num_ranks, rank, 4, comm_alg="fullmesh_v1"),
+        "A3 dispatch with expert_scales": lambda: dispatch(x, ids, name, num_ranks, rank, 4,
+                                                           expert_scales=torch.ones(4, 2)),
         "wrong rank id": lambda: dispatch(x, ids, name, num_ranks, (rank + 1) % num_ranks, 4),
         "unknown group": lambda: dispatch(x, ids, "no-such-group", num_ranks, rank, 4),
         # last: it raises after a collective, which every rank reaches in the same order
@@ -190,6 +197,84 @@ def test_stand_in_raises_on_documented_constraints():
     for o in outcomes:
         refused = {k: v for k, v in o.value.items() if v is None}
         assert not refused, f"rank {o.rank}: accepted {sorted(refused)}"
+
+
+# ------------------------------------------------------------------ Atlas A2, limits from the docs, row order
+
+A2_CASES = [c for c in CASES if c[0] in ("bf16", "bf16, tokens routed nowhere", "bf16, partial -1 rows")]
+
+
+def test_mc2_engine_runs_on_atlas_a2_at_2_ranks_with_expand_scales():
+    """A2 at 2 ranks (comm_alg fullmesh: 2-8 ranks are documented; the old figures said 16/32/64 only):
+    the MC2 path runs, and combine gets dispatch's expand_scales, which the A2 stand-in requires."""
+    outcomes = run_ranks(2, _compare, (A2_CASES, "910b"), timeout_s=LAUNCH_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), "\n".join(o.describe() for o in outcomes)
+    for o in outcomes:
+        for name, *_, path in A2_CASES:
+            got = o.value[name]
+            assert got["paths"] == [path, path], (name, got)
+            assert got["diff"] <= 2 ** -7 * max(got["scale"], 1.0) and got["calc_diff"] < 1e-5, (name, got)
+
+
+@pytest.mark.parametrize("chip,args,allowed", [
+    ("a2", (2, 4096, 256, 8, 8), True),        # 2 ranks: fullmesh lists 2-8
+    ("a2", (128, 7168, 256, 1024, 16), True),  # 128 ranks, H 7168, BS 256, 1024 experts, K 16
+    ("a2", (9, 4096, 64, 18, 8), False),       # 9 ranks: not in the list
+    ("a2", (8, 7200, 64, 16, 8), False),       # H > 7168
+    ("a2", (8, 4100, 64, 16, 8), False),       # H not a multiple of 32
+    ("a2", (8, 4096, 257, 16, 8), False),      # BS > 256
+    ("a2", (8, 4096, 64, 1032, 8), False),     # more than 1024 experts
+    ("a3", (768, 8192, 512, 768, 8), True),    # 768 ranks, H 8192, BS 512
+    ("a3", (2, 1024, 12, 4, 3), True),
+    ("a3", (769, 4096, 64, 769, 8), False),    # 769 ranks
+    ("a3", (16, 8448, 64, 32, 8), False),      # H > 8192
+    ("a3", (16, 1000, 64, 32, 8), False),      # H < 1024
+    ("a3", (16, 4096, 513, 32, 8), False),     # BS > 512
+    ("a3", (16, 4096, 64, 32, 17), False),     # K > 16
+    (None, (16, 4096, 64, 32, 8), False),      # not an A2/A3
+])
+def test_mc2_limits_follow_the_torch_npu_pages(chip, args, allowed):
+    from portable_kernels.backends.ascend.vendor.mc2 import limits_reason
+    why = limits_reason(chip, *args)
+    assert (why is None) == allowed, why
+    if not allowed:
+        assert "torch_npu-npu_moe_distribute" in why or "A2 and A3 only" in why
+
+
+def _row_order(rank: int, num_ranks: int, group, soc: str, reverse: bool = False) -> dict:
+    from portable_kernels.backends.ascend.vendor.mc2 import row_order_self_test
+    npu = make_stand_in(soc)
+    if reverse:  # a dispatch whose rows arrive in the opposite order inside each expert's block
+        dispatch = npu.npu_moe_distribute_dispatch_v2
+
+        def reversed_rows(*args, **kwargs):
+            expand_x, *rest = dispatch(*args, **kwargs)
+            counts, start, out = rest[2].tolist(), 0, expand_x.clone()
+            for c in counts:
+                out[start:start + c] = expand_x[start:start + c].flip(0)
+                start += c
+            return (out, *rest)
+        npu.npu_moe_distribute_dispatch_v2 = reversed_rows
+    report = row_order_self_test(group, npu, register_group(group))
+    return dict(ok=report.ok, chip=report.chip, detail=report.detail, observed=report.observed)
+
+
+@pytest.mark.parametrize("soc", ["910b", "910c"])
+def test_mc2_row_order_self_test_passes_on_the_stand_in(soc):
+    """The self-test an NPU run executes (benchmarks/device_check_ascend.py): on the stand-in, whose rows
+    follow the engine's assumption by construction, it must pass and see every routed row."""
+    outcomes = run_ranks(2, _row_order, (soc,), timeout_s=LAUNCH_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), "\n".join(o.describe() for o in outcomes)
+    for o in outcomes:
+        assert o.value["ok"], o.value
+        assert sum(len(block) for block in o.value["observed"]) > 0
+
+
+def test_mc2_row_order_self_test_catches_another_order():
+    outcomes = run_ranks(2, _row_order, ("910c", True), timeout_s=LAUNCH_TIMEOUT_S)
+    assert all(o.ok for o in outcomes), "\n".join(o.describe() for o in outcomes)
+    assert not any(o.value["ok"] for o in outcomes)
+    assert all("another order" in o.value["detail"] for o in outcomes), [o.value["detail"] for o in outcomes]
 
 
 # ------------------------------------------------------------------ engine selection

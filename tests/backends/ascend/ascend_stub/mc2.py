@@ -17,11 +17,15 @@ them by source rank, then source token (what `Mc2LowLatencyEngine` assumes; see 
 do not depend on their values"): here they hold this stand-in's own bookkeeping, and rows past the
 received count are poisoned so a caller that reads them is caught.
 Documented constraints it raises StandInError on: dtypes and ranks of x / expert_ids, expert ids in
-[0, moe_expert_num) and distinct per row, moe_expert_num % ep_world_size, K <= 16, 0 < BS, the
-per-chip limits (A2: ep_world_size 16/32/64, <= 24 local experts, H % 32 == 0 and H <= 7168,
-BS <= 256; A3: ep_world_size in [2, 384], H in [1024, 7168], BS <= 512), quant_mode in {0, 2},
-global_bs 0 (equal BS on every rank) or at least max_bs * ep_world_size, ep_rank_id equal to the
-rank in the group.
+[0, moe_expert_num) and distinct per row, moe_expert_num % ep_world_size, 0 < BS, comm_alg per chip
+(A2 "" chooses fullmesh or hierarchy from HCCL_INTRA_PCIE_ENABLE / HCCL_INTRA_ROCE_ENABLE, A3 "" is
+fullmesh_v1; combine on A3 takes "" or hierarchy), the per-chip, per-algorithm limits (`ALGORITHMS`:
+A2 fullmesh: ep_world_size 2-8, 16, 32, 64, 128, 256, H in (0, 7168] a multiple of 32, BS <= 256;
+A3 fullmesh_v1: ep_world_size [2, 768], H [1024, 8192], BS <= 512, local experts x world <= 2048;
+moe_expert_num <= 1024, K <= 16), quant_mode in {0, 2}, global_bs 0 (equal BS on every rank) or at
+least max_bs * ep_world_size, ep_rank_id equal to the rank in the group; on A2 dispatch returns
+expand_scales (A,) float32 and combine requires it, and ep_recv_counts is
+(moe_expert_num + 2 * global_bs * K * server_num,); on A3 with "" expand_scales is None both ways.
 Not implemented (StandInError): quant_mode 2 (per-token int8), TP domains, shared and special
 experts, x_active_mask, elastic_info, comm_quant_mode != 0.
 """
@@ -56,22 +60,58 @@ def _group(name: str, op: str):
     return _GROUPS[name]
 
 
-def _limits(owner, op: str, world: int, num_experts: int, hidden: int, bs: int, k: int) -> None:
-    require(1 <= num_experts <= 512, f"{op}: moe_expert_num in [1, 512] (combine_v2 docs)")
+#: per (chip, communication algorithm): (world sizes (a tuple) or inclusive range (a pair tagged "range"), H range,
+#: H multiple, max BS, max moe_expert_num, max K, max local experts x world) — torch_npu dispatch_v2 / combine_v2
+#: pages, op-plugin master 517f2e7 (26.1.0 agrees), 参数说明 ep_world_size / moe_expert_num and 约束说明 H / BS / K /
+#: local_expert_num. A2 "hierarchy" figures need driver >= 25.0.RC1.1 (the doc's condition, taken as met).
+ALGORITHMS = {
+    ("910b", "fullmesh"): ((2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256), (1, 7168), 32, 256, 1024, 16, None),
+    ("910b", "hierarchy"): ((16, 32, 64), (1, 10240), 32, 512, 1024, 16, None),
+    ("910c", "fullmesh_v1"): (("range", 2, 768), (1024, 8192), 1, 512, 1024, 16, 2048),
+    ("910c", "fullmesh_v2"): (("range", 2, 768), (1024, 8192), 1, 256, 1024, 12, 2048),
+    ("910c", "hierarchy"): (("range", 16, 256), (1024, 8192), 1, 256, 512, 16, 2048),
+}
+#: combine_v2's comm_alg per chip (A3 lists "" and "hierarchy" only)
+COMBINE_ALGORITHMS = {"910b": ("", "fullmesh", "hierarchy"), "910c": ("", "hierarchy")}
+DISPATCH_ALGORITHMS = {"910b": ("", "fullmesh", "hierarchy"), "910c": ("", "fullmesh_v1", "fullmesh_v2", "hierarchy")}
+
+
+def resolve_algorithm(owner, op: str, comm_alg: str, allowed: dict) -> str:
+    """The algorithm a comm_alg selects: A2 "" reads HCCL_INTRA_PCIE_ENABLE=1 and HCCL_INTRA_ROCE_ENABLE=0
+    (hierarchy, else fullmesh; "不推荐"); A3 "" is fullmesh_v1."""
+    require(owner.soc in allowed, f"{op}: the torch_npu docs list Atlas A2 and A3 only")
+    require(comm_alg in allowed[owner.soc], f"{op}: comm_alg on this chip is one of {allowed[owner.soc]}")
+    if comm_alg:
+        return comm_alg
+    if owner.soc == "910c":
+        return "fullmesh_v1"
+    import os
+    hierarchy = os.environ.get("HCCL_INTRA_PCIE_ENABLE") == "1" and os.environ.get("HCCL_INTRA_ROCE_ENABLE") == "0"
+    return "hierarchy" if hierarchy else "fullmesh"
+
+
+def _limits(owner, op: str, alg: str, world: int, num_experts: int, hidden: int, bs: int, k: int) -> None:
+    worlds, (h_lo, h_hi), h_mult, max_bs, max_experts, max_k, max_slots = ALGORITHMS[(owner.soc, alg)]
+    chip = {"910b": "Atlas A2", "910c": "Atlas A3"}[owner.soc]
+    require(1 <= num_experts <= max_experts, f"{op}: {chip} {alg}: moe_expert_num in [1, {max_experts}]")
     require(num_experts % world == 0, f"{op}: moe_expert_num % (ep_world_size - shared_expert_rank_num) == 0")
-    require(0 < k <= MAX_TOPK and k <= num_experts, f"{op}: 0 < K <= 16 and K <= moe_expert_num")
-    require(bs > 0, f"{op}: 0 < BS")
-    if owner.soc == "910b":
-        require(world in (16, 32, 64), f"{op}: Atlas A2 ep_world_size 16, 32 or 64")
-        require(num_experts // world <= 24, f"{op}: Atlas A2 moe_expert_num / ep_world_size <= 24")
-        require(hidden % 32 == 0 and 0 < hidden <= 7168, f"{op}: Atlas A2 H in (0, 7168], a multiple of 32")
-        require(bs <= 256, f"{op}: Atlas A2 BS <= 256")
-    elif owner.soc == "910c":
-        require(2 <= world <= 384, f"{op}: Atlas A3 ep_world_size in [2, 384]")
-        require(1024 <= hidden <= 7168, f"{op}: Atlas A3 H in [1024, 7168]")
-        require(bs <= 512, f"{op}: Atlas A3 BS <= 512")
+    require(0 < k <= max_k and k <= num_experts, f"{op}: {chip} {alg}: 0 < K <= {max_k} and K <= moe_expert_num")
+    require(0 < bs <= max_bs, f"{op}: {chip} {alg}: 0 < BS <= {max_bs}")
+    if worlds[0] == "range":
+        ok = worlds[1] <= world <= worlds[2] and (alg != "hierarchy" or world % 16 == 0)
     else:
-        require(False, f"{op}: the torch_npu docs list Atlas A2 and A3 only")
+        ok = world in worlds
+    require(ok, f"{op}: {chip} {alg}: ep_world_size {world} is not among {worlds}")
+    require(h_lo <= hidden <= h_hi and hidden % h_mult == 0,
+            f"{op}: {chip} {alg}: H in [{h_lo}, {h_hi}]" + (f", a multiple of {h_mult}" if h_mult > 1 else ""))
+    require(max_slots is None or num_experts <= max_slots,
+            f"{op}: {chip}: 0 < local_expert_num * ep_world_size <= {max_slots}")
+
+
+def _server_num(world: int) -> int:
+    """Servers of 8 NPUs (the A2 ep_recv_counts shape; the doc lists 2, 4, 8 and says nothing of one server:
+    the stand-in takes 1 there)."""
+    return max(1, -(-world // 8))
 
 
 def _exchange(group, rows: torch.Tensor, send: list[int]) -> tuple[torch.Tensor, list[int]]:
@@ -108,15 +148,22 @@ class DispatchV2:
         require(quant_mode == 0, "stand-in: quant_mode 2 (per-token int8) is not implemented")
         require(scales is None, f"{op}: scales are not passed without quantization")
         require(expert_token_nums_type in (0, 1), f"{op}: expert_token_nums_type 0 or 1")
-        require(x_active_mask is None and expert_scales is None and elastic_info is None,
-                "stand-in: x_active_mask / expert_scales / elastic_info are not implemented")
+        require(x_active_mask is None and elastic_info is None,
+                "stand-in: x_active_mask / elastic_info are not implemented")
         require(group_tp == "" and tp_world_size in (0, 1) and shared_expert_rank_num == 0
                 and zero_expert_num == copy_expert_num == const_expert_num == 0,
                 "stand-in: TP domains, shared and special experts are not implemented")
         bs, hidden = x.shape
         k = expert_ids.shape[1]
         world, rank, num_experts = ep_world_size, ep_rank_id, moe_expert_num
-        _limits(self.owner, op, world, num_experts, hidden, bs, k)
+        alg = resolve_algorithm(self.owner, op, comm_alg, DISPATCH_ALGORITHMS)
+        _limits(self.owner, op, alg, world, num_experts, hidden, bs, k)
+        a2 = self.owner.soc == "910b"
+        require(expert_scales is None or (a2 or alg == "hierarchy"),
+                f"{op}: Atlas A3 takes expert_scales with comm_alg hierarchy only")
+        require(expert_scales is None or (expert_scales.dtype == torch.float32
+                                          and tuple(expert_scales.shape) == tuple(expert_ids.shape)),
+                f"{op}: expert_scales is float32 (BS, K)")
         ids = expert_ids.long()
         require(bool(((ids >= 0) & (ids < num_experts)).all()), f"{op}: expert_ids values in [0, moe_expert_num)")
         require(bool((ids.sort(dim=1).values.diff(dim=1) != 0).all()), f"{op}: the K ids of a row are distinct")
@@ -159,8 +206,16 @@ class DispatchV2:
         assist[: info.numel()] = info.reshape(-1)
         per_rank = torch.bincount(local_expert * world + src_rank, minlength=local * world)
         ep_recv_counts = per_rank.cumsum(0).to(torch.int32)
+        if a2:  # (moe_expert_num + 2 * global_bs * K * server_num,): the tail is the op's own (opaque) use
+            tail = 2 * (global_bs or bs * world) * k * _server_num(world)
+            ep_recv_counts = torch.cat([ep_recv_counts, torch.full((tail,), -7, dtype=torch.int32)])
         tp_recv_counts = torch.zeros(1, dtype=torch.int32)
-        return expand_x, None, assist, expert_token_nums, ep_recv_counts, tp_recv_counts, None
+        # expand_scales: A2 always (A,) float32; A3 only under hierarchy (else None). Its values are
+        # opaque to callers ("模型其他业务逻辑不应对其存在依赖"): NaN here, so a caller that reads them shows it
+        expand_scales = None
+        if a2 or alg == "hierarchy":
+            expand_scales = torch.full((rows_a,), float("nan"), dtype=torch.float32)
+        return expand_x, None, assist, expert_token_nums, ep_recv_counts, tp_recv_counts, expand_scales
 
 
 class CombineV2:
@@ -170,7 +225,8 @@ class CombineV2:
     def __call__(self, expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, group_ep,
                  ep_world_size, ep_rank_id, moe_expert_num, *, tp_send_counts=None, x_active_mask=None,
                  expand_scales=None, shared_expert_x=None, group_tp="", tp_world_size=0, tp_rank_id=0,
-                 expert_shard_type=0, shared_expert_num=1, shared_expert_rank_num=0, global_bs=0, comm_quant_mode=0):
+                 expert_shard_type=0, shared_expert_num=1, shared_expert_rank_num=0, global_bs=0, comm_quant_mode=0,
+                 comm_alg=""):
         op = "npu_moe_distribute_combine_v2"
         self.owner.record(op)
         group = _group(group_ep, op)
@@ -183,17 +239,28 @@ class CombineV2:
         require(assist_info_for_combine.dtype == torch.int32 and assist_info_for_combine.dim() == 1
                 and assist_info_for_combine.numel() == expand_x.shape[0] * 128,
                 f"{op}: assist_info_for_combine is int32 (A * 128,)")
-        require(ep_send_counts.dtype == torch.int32 and ep_send_counts.numel() == moe_expert_num,
-                f"{op}: ep_send_counts is int32 (ep_world_size * local_expert_num,) on Atlas A3")
+        alg = resolve_algorithm(self.owner, op, comm_alg, COMBINE_ALGORITHMS)
+        a2 = self.owner.soc == "910b"
+        bs, k = expert_ids.shape
+        tail = 2 * (global_bs or bs * ep_world_size) * k * _server_num(ep_world_size) if a2 else 0
+        require(ep_send_counts.dtype == torch.int32 and ep_send_counts.numel() == moe_expert_num + tail,
+                f"{op}: ep_send_counts is int32 (moe_expert_num + 2 * global_bs * K * server_num,) on Atlas A2, "
+                f"(ep_world_size * local_expert_num,) on Atlas A3")
+        if a2 or alg == "hierarchy":
+            require(isinstance(expand_scales, torch.Tensor) and expand_scales.dtype == torch.float32
+                    and tuple(expand_scales.shape) == (expand_x.shape[0],),
+                    f"{op}: Atlas A2 requires expand_scales, dispatch_v2's (A,) float32 output (必选参数)")
+        else:
+            require(expand_scales is None, f"{op}: Atlas A3 with comm_alg \"\" does not take expand_scales")
         require(ep_world_size == dist.get_world_size(group) and ep_rank_id == dist.get_rank(group),
                 f"{op}: ep_world_size / ep_rank_id of the group_ep communicator")
         require(comm_quant_mode == 0, "stand-in: comm_quant_mode 2 is not implemented")
-        require(x_active_mask is None and shared_expert_x is None and expand_scales is None,
-                "stand-in: x_active_mask / shared_expert_x / expand_scales are not implemented")
-        bs, k = expert_ids.shape
+        require(x_active_mask is None and shared_expert_x is None,
+                "stand-in: x_active_mask / shared_expert_x are not implemented")
         hidden = expand_x.shape[1]
-        _limits(self.owner, op, ep_world_size, moe_expert_num, hidden, bs, k)
-        info = assist_info_for_combine.view(-1, 3)[: int(ep_send_counts[-1])].long()
+        _limits(self.owner, op, alg, ep_world_size, moe_expert_num, hidden, bs, k)
+        total = int(ep_send_counts[moe_expert_num - 1])
+        info = assist_info_for_combine[: 3 * total].view(total, 3).long()
         src_rank, token, slot = info.unbind(1)
         order = torch.sort(src_rank, stable=True).indices
         meta = torch.stack([token[order], slot[order]], dim=1).to(torch.int32)
