@@ -28,8 +28,15 @@ def ep_body(rank, num_ranks, group, path, ids, steps):
     moe = model.layers[1].mlp
     assert moe.w13.data.shape[0] == model.config.n_routed_experts // num_ranks
     pk.reset_implicit_conversions()
-    return {"moe": moe(x), "logits": model.logits(ids), "tokens": model.generate(ids, steps),
-            "conversions": pk.implicit_conversions()}
+    ep = moe.ep
+    prefill_calls = ep.low_latency_calls
+    out = {"moe": moe(x), "moe_decode": moe(x, True), "logits": model.logits(ids)}
+    out["low_latency_in_prefill"] = ep.low_latency_calls - prefill_calls - 1  # minus moe(x, True)
+    before = ep.low_latency_calls
+    out["tokens"] = model.generate(ids, steps)
+    out["low_latency_calls"], out["calls"] = ep.low_latency_calls - before, ep.calls
+    out["conversions"] = pk.implicit_conversions()
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +44,8 @@ def single(checkpoints):
     model = load(checkpoints["q_lora"])
     ids = torch.randint(0, 512, (2, 20), generator=torch.Generator().manual_seed(3))
     x = torch.randn(7, model.config.hidden_size, generator=torch.Generator().manual_seed(5)).bfloat16()
-    return {"ids": ids, "moe": model.layers[1].mlp(x), "logits": model.logits(ids), "tokens": model.generate(ids, 6)}
+    return {"ids": ids, "moe": model.layers[1].mlp(x), "moe_decode": model.layers[1].mlp(x, True),
+            "logits": model.logits(ids), "tokens": model.generate(ids, 6)}
 
 
 @pytest.mark.parametrize("num_ranks", [2, 4])
@@ -49,6 +57,15 @@ def test_expert_parallel_model_matches_the_single_process(checkpoints, single, n
         assert torch.equal(o.value["logits"], first["logits"]) and torch.equal(o.value["tokens"], first["tokens"])
     assert all(o.value["conversions"] == 0 for o in outcomes)
     assert pk.calc_diff(first["moe"], single["moe"]) < MOE_BOUND
+    # a decode step's MoE takes the low-latency pair and the masked GEMMs: the low-latency combine
+    # sums all k weighted rows of a token in fp32 at the token's rank, as the single process does
+    # (measured bitwise equal on cpu, nvidia sm90 and ascend 950 emulation, 2026-12-04)
+    assert torch.equal(first["moe_decode"], single["moe_decode"])
+    moe_layers = sum(hasattr(layer.mlp, "w13") for layer in load(checkpoints["q_lora"]).layers)
+    for o in outcomes:
+        assert o.value["low_latency_in_prefill"] == 0  # logits() is one prefill step: the normal pair
+        # generate: 5 decode steps after the prefill, each through every MoE layer
+        assert o.value["low_latency_calls"] == 5 * moe_layers, o.value
     assert pk.calc_diff(first["logits"], single["logits"]) < LOGITS_BOUND
     # greedy tokens: equal wherever the single process's top-1 margin exceeds the measured difference
     ref, ours = single["logits"], first["logits"]
@@ -58,6 +75,36 @@ def test_expert_parallel_model_matches_the_single_process(checkpoints, single, n
     assert decisive.sum() >= 8, f"only {int(decisive.sum())} decisive positions: the check would say nothing"
     assert torch.equal(ours.argmax(-1)[decisive], ref.argmax(-1)[decisive])
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+
+
+def emulated_body(rank, num_ranks, group, path, ids, backend, x):
+    model = load(path, backend=backend, ep_group=group)
+    moe = model.layers[1].mlp
+    pk.reset_implicit_conversions()
+    with pk.use_backend(model.backend, **model.options):
+        decode = moe(x, True)
+    return {"decode": decode, "tokens": model.generate(ids, 3), "conversions": pk.implicit_conversions(),
+            "low_latency_calls": moe.ep.low_latency_calls}
+
+
+@pytest.mark.parametrize("backend", ["nvidia:arch=sm90", "ascend:soc=950"])
+def test_decode_steps_take_the_low_latency_pair_on_emulated_backends(checkpoints, backend):
+    """The FP8 rows the low-latency dispatch delivers are prepared for the backend's masked GEMM:
+    no implicit conversion, and the decode MoE equals the single process's on the same backend."""
+    path = checkpoints["q_lora"]
+    ids = torch.randint(0, 512, (2, 8), generator=torch.Generator().manual_seed(3))
+    model = load(path, backend=backend)
+    x = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(5)).bfloat16()
+    with pk.use_backend(model.backend, **model.options):
+        decode = model.layers[1].mlp(x, True)
+    tokens = model.generate(ids, 3)
+    outcomes = run_ranks(2, emulated_body, (str(path), ids, backend, x), timeout_s=300)
+    assert all(o.ok for o in outcomes), "\n".join(o.describe() for o in outcomes)
+    for o in outcomes:
+        assert o.value["conversions"] == 0
+        # moe(x, True), then 2 decode steps through every MoE layer
+        assert o.value["low_latency_calls"] == 1 + 2 * sum(hasattr(layer.mlp, "w13") for layer in model.layers)
+        assert torch.equal(o.value["decode"], decode) and torch.equal(o.value["tokens"], tokens)
 
 
 def test_expert_parallel_refuses_a_group_that_does_not_split_the_experts(checkpoints):

@@ -139,8 +139,10 @@ def ep_rank(rank: int, num_ranks: int, group: Any, path: str, backend: str, kv_c
     model = load(path, backend=backend, kv_cache=kv_cache, ep_group=group)
     new = model.generate(ids, tokens)
     steps = model.last_timings["decode_step_s"]
+    ep = next(layer.mlp.ep for layer in model.layers if hasattr(layer.mlp, "w13"))
     return {"new_token_ids": new, "prefill_s": model.last_timings["prefill_s"], "decode_step_s": steps,
-            "implicit_conversions": pk.implicit_conversions(),
+            "implicit_conversions": pk.implicit_conversions(), "moe_calls": ep.calls,
+            "low_latency_calls": ep.low_latency_calls,
             "expert_bytes": sum(m.w13.data.numel() + m.w2.data.numel() for m in
                                 (layer.mlp for layer in model.layers) if hasattr(m, "w13"))}
 
@@ -165,16 +167,20 @@ def _run_ep(args: argparse.Namespace, path: Path) -> int:
           f"{single.config.n_routed_experts // args.ep} per rank; attention replicated)")
     print(f"prefill: {r['prefill_s'] * 1e3:.1f} ms; decode: median "
           f"{statistics.median(steps) * 1e3 if steps else 0:.1f} ms/step")
+    print(f"MoE calls: {r['moe_calls']} per rank; {r['low_latency_calls']} of them (the decode steps') through the "
+          "low-latency dispatch/combine and the masked GEMMs, the prefill's through the normal pair")
     for row, ids_row in enumerate(r["new_token_ids"].tolist()):
         print(f"tokens[{row}]: {' '.join(map(str, ids_row))}")
     print(f"every rank generated the same tokens: {'yes' if same_on_ranks else 'NO'}; equal to the single-process "
-          f"run at {equal}/{want.numel()} positions (each rank's partial expert sum is rounded to bf16 before "
-          "the combine, so near-ties can flip; docs/ep.md)")
+          f"run at {equal}/{want.numel()} positions (in the prefill each rank's partial expert sum is rounded "
+          "to bf16 before the normal combine, so near-ties can flip; docs/ep.md)")
     print(f"implicit conversions: {max(o.value['implicit_conversions'] for o in outcomes)}")
     if args.json:
         Path(args.json).write_text(json.dumps({"ep": args.ep, "new_token_ids": r["new_token_ids"].tolist(),
                                                "single_process_token_ids": want.tolist(),
-                                               "equal_positions": equal, "same_on_every_rank": same_on_ranks},
+                                               "equal_positions": equal, "same_on_every_rank": same_on_ranks,
+                                               "moe_calls": r["moe_calls"],
+                                               "low_latency_calls": r["low_latency_calls"]},
                                               indent=1))
     return 0 if same_on_ranks else 1
 

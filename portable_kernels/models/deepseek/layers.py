@@ -20,6 +20,12 @@ from .config import DeepseekV3Config
 
 FP8_GEMM = pk.fp8_gemm_nt
 GROUPED = pk.m_grouped_fp8_gemm_nt_contiguous
+#: the decode steps' grouped GEMM: rows in the masked layout [experts, slots, H]
+MASKED = pk.m_grouped_fp8_gemm_nt_masked
+#: the largest decode batch that takes the masked layout (beyond it the contiguous one pads less);
+#: under expert parallelism also the low-latency pair's num_max_dispatch_tokens_per_rank bound
+#: (DeepEP's tests and serving engines use 128)
+MASKED_MAX_TOKENS = 128
 # Activations get power-of-two (UE8M0) scales: every backend's Format holds them (sm100 and the
 # Ascend 950 need them), so the model code is the same on all of them.
 ACTIVATION_UE8M0 = True
@@ -113,7 +119,8 @@ class Mlp:
     gate_up: Fp8Linear
     down: Fp8Linear
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
+        """bf16 [T, H] -> bf16 [T, H]; `decode` (a decode step) changes nothing here."""
         h = self.gate_up(x)
         act = pk.swiglu_forward_and_per_token_cast(h, round_sf=ACTIVATION_UE8M0, prepare_for=FP8_GEMM)
         return self.down.on_quantized(act, x.shape[0], x.device)
@@ -124,7 +131,12 @@ class Moe:
     """Routed experts (+ shared experts). Router: `top2_sum_gate`, DeepSeek-V3's group-limited
     sigmoid gate with the correction bias for selection only (tests/models checks it against
     Hugging Face's router). Experts: expand -> grouped FP8 GEMM (w13) -> SwiGLU + cast -> grouped
-    FP8 GEMM (w2) -> weighted reduce."""
+    FP8 GEMM (w2) -> weighted reduce, in the contiguous layout for prefill. A decode step (at most
+    MASKED_MAX_TOKENS tokens) uses the masked layout [experts, T slots, H] and the masked GEMMs
+    (`masked_experts`): every expert's rows are padded to T, not to the contiguous alignment (128),
+    so far fewer padding rows are expanded, cast and swiglu'd. Under expert parallelism the decode
+    step's rows come in that layout from the low-latency dispatch and go back through its weighted
+    combine (models.deepseek.ep)."""
 
     cfg: DeepseekV3Config
     router: torch.Tensor        # fp32 [E, H]
@@ -140,12 +152,16 @@ class Moe:
         return pk.top2_sum_gate(logits, self.bias, cfg.num_experts_per_tok, cfg.topk_group, cfg.n_group,
                                 routed_scaling_factor=cfg.routed_scaling_factor, normalize=cfg.norm_topk_prob)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
+        """bf16 [T, H] -> fp32 [T, H]. decode: this is a decode step (one new token per sequence),
+        which under expert parallelism runs the low-latency dispatch and the masked GEMMs."""
         topk_idx, topk_weights = self.route(x)
-        if self.ep is None:
+        if self.ep is None and decode and x.shape[0] <= MASKED_MAX_TOKENS:
+            out = self.experts_masked_layout(x, topk_idx, topk_weights)
+        elif self.ep is None:
             out = self.experts(x, topk_idx, topk_weights, self.cfg.n_routed_experts)
         else:
-            out = self.ep.moe(x, topk_idx, topk_weights, self.experts)
+            out = self.ep.moe(x, topk_idx, topk_weights, self.experts, self.masked_experts if decode else None)
         if self.shared is not None:
             out = out + self.shared(x).float()
         return out
@@ -166,6 +182,50 @@ class Moe:
         y = torch.empty(rows.shape[0], cfg.hidden_size, dtype=torch.bfloat16, device=x.device)
         GROUPED(act, self.w2, y, mapping.pos_to_expert, ensure_zero_padding=False)
         return pk.reduce_fused(y, topk_weights, mapping).float()
+
+    def experts_masked_layout(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
+                              ) -> torch.Tensor:
+        """`experts` for a decode step, in the masked layout: token t's copy for expert e goes to slot
+        e·T + (its rank among e's tokens), each expert's T slots padded past its count -> fp32 [T, H].
+        The slot arithmetic is plain torch on [T, k] and [E, T] index tensors (from get_fused_mapping's
+        exact counts); every row operation is a library op."""
+        experts, tokens = self.cfg.n_routed_experts, x.shape[0]
+        mapping = pk.get_fused_mapping(topk_idx, experts, alignment=1)
+        chosen = topk_idx >= 0
+        expert = topk_idx.clamp(min=0)
+        rank_in_expert = mapping.token_topk_to_pos - mapping.expert_start[expert]
+        pos = torch.where(chosen, expert * tokens + rank_in_expert, -1).to(torch.int32)
+        counts = mapping.num_tokens_per_expert
+        owner = torch.where(torch.arange(tokens, device=x.device)[None, :] < counts[:, None],
+                            torch.arange(experts, dtype=torch.int32, device=x.device)[:, None], -1).view(-1)
+        rows = pk.expand_to_fused(x.bfloat16(), pos, owner)
+        a = pk.per_token_cast_to_fp8(rows.view(experts, tokens, -1), use_ue8m0=ACTIVATION_UE8M0, prepare_for=MASKED)
+        expected = max(1, -(-tokens * topk_idx.shape[1] // experts))
+        y = self.masked_experts(a, counts, expected)
+        return pk.reduce_fused(y.view(experts * tokens, -1), topk_weights, pos).float()
+
+    def masked_experts(self, rows: pk.PreparedTensor, counts: torch.Tensor, expected_m: int) -> torch.Tensor:
+        """expert_e(rows[e, :counts[e]]) for this layer's experts: rows FP8 [E, slots, H] in the masked
+        GEMM's Format (the low-latency dispatch's output), counts int32 [E] -> bf16 [E, slots, H];
+        slots past counts[e] are left unwritten (the combine never reads them)."""
+        cfg = self.cfg
+        experts, slots = counts.shape[0], rows.shape[1]
+        inter = cfg.moe_intermediate_size
+        h13 = torch.empty(experts, slots, 2 * inter, dtype=torch.bfloat16, device=counts.device)
+        MASKED(rows, self.w13, h13, counts, expected_m)
+        # the SwiGLU + cast runs over the slots as rows: unfilled slots are padding (-1)
+        filled = torch.arange(slots, device=counts.device)[None, :] < counts[:, None]
+        owner = torch.where(filled, torch.arange(experts, dtype=torch.int32, device=counts.device)[:, None], -1)
+        act = pk.swiglu_forward_and_per_token_cast(h13.view(experts * slots, 2 * inter), round_sf=ACTIVATION_UE8M0,
+                                                   pos_to_expert=owner.view(-1))
+        # the cast writes [E * slots, I] rows; the masked GEMM reads [E, slots, I]: on a backend whose
+        # Format for it is not plain this is one conversion per call, not counted as implicit
+        act = pk.prepare_inputs(MASKED, a=pk.QuantTensor(act.data.view(experts, slots, inter),
+                                                         act.scale.view(experts, slots, -1), act.granularity,
+                                                         ue8m0=act.ue8m0, element=act.element))["a"]
+        y = torch.empty(experts, slots, cfg.hidden_size, dtype=torch.bfloat16, device=counts.device)
+        MASKED(act, self.w2, y, counts, expected_m)
+        return y
 
 
 HEAD_PRODUCT = pk.m_grouped_bf16_gemm_nt_masked

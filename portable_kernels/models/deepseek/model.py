@@ -244,7 +244,7 @@ class DeepseekV3:
                                                  is_fp8_kvcache=cache.is_fp8)
                 o = o.reshape(len(counts) * s_q, cfg.num_attention_heads, -1)[slot]
             h = h + layer.attn.output(o).float()
-            h = h + layer.mlp(rms_norm(h, layer.mlp_norm, cfg.rms_norm_eps)).float()
+            h = h + layer.mlp(rms_norm(h, layer.mlp_norm, cfg.rms_norm_eps), s_q == 1).float()
             if hook is not None:
                 hook(i, h)
         return rms_norm(h, self.norm, cfg.rms_norm_eps)
@@ -481,7 +481,7 @@ def load(path: str | Path, backend: str = "cpu", kv_cache: str = "bf16", *, opti
     raw: dict[int | None, dict[str, torch.Tensor]] = defaultdict(dict)
     received: dict[int | None, int] = defaultdict(int)
     stacks = _ExpertStacks(cfg)
-    ep = None if ep_group is None else ExpertParallel.create(ep_group, cfg.n_routed_experts)
+    ep = None if ep_group is None else ExpertParallel.create(ep_group, cfg.n_routed_experts, cfg.hidden_size)
     layers: dict[int, Layer] = {}
     total, seen = sum(needed.values()), 0
     with pk.use_backend(name, **opts):

@@ -114,6 +114,16 @@ def _decode_op(i: Inputs) -> object:
     return i.model.decode_step(i.state, advance=False)
 
 
+def _decode_contiguous_peer(i: Inputs) -> object:
+    """The same decode step with the MoE in the contiguous layout (the masked one switched off)."""
+    from ....models.deepseek import layers
+    bound, layers.MASKED_MAX_TOKENS = layers.MASKED_MAX_TOKENS, 0
+    try:
+        return i.model.decode_step(i.state, advance=False)
+    finally:
+        layers.MASKED_MAX_TOKENS = bound
+
+
 def _cache_kwarg(hf) -> str:
     """The name HF's forward takes the KV cache under (`cache` from transformers 5.24, before it
     `past_key_values`)."""
@@ -177,6 +187,10 @@ def _cases(size: str, sizes: frozenset[str]) -> list[Case]:
     out = [Case(FAMILY, "decode step", _shape(size, b), _build_decode(size, b), _decode_op, _decode_peer,
                 "DeepseekV3.decode_step", "HF eager bf16, one step with its KV cache", target=2.0, sizes=sizes,
                 devices=DEVICES, **judged) for b in (1, 8)]
+    out += [Case(FAMILY, "decode step, MoE layout", _shape(size, b), _build_decode(size, b), _decode_op,
+                 _decode_contiguous_peer, "masked layout (rows padded to T per expert)",
+                 "contiguous layout (rows padded to 128 per expert), same model", sizes=sizes, devices=DEVICES)
+            for b in (1, 8)]
     out.append(Case(FAMILY, "prefill", _shape(size, 1), _build_prefill(size, 1), _prefill_op, _prefill_peer,
                     "DeepseekV3.prefill", "HF eager bf16 forward", sizes=sizes, devices=DEVICES))
     out.append(Case(FAMILY, "load", _shape(size), _build_load(size), _load_op, _load_peer, "models.load",
