@@ -198,8 +198,10 @@ def row_order_self_test(group: Any, npu: Any = None, group_name: str | None = No
     x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)  # columns: rank // 128, rank % 128, token
     x[:, 0], x[:, 1] = rank // 128, rank % 128
     x[:, 2] = torch.arange(tokens, dtype=torch.bfloat16)
-    every = [torch.empty_like(ids) for _ in range(ranks)]
-    dist.all_gather(every, ids, group=group)
+    ids_dev = ids.to(device)  # collectives take the group's device tensors (HCCL: NPU tensors)
+    every = [torch.empty_like(ids_dev) for _ in range(ranks)]
+    dist.all_gather(every, ids_dev, group=group)
+    every = [t.cpu() for t in every]
     expand_x, _, assist, counts, ep_recv, tp_recv, expand_scales = npu.npu_moe_distribute_dispatch_v2(
         x.to(device), ids.to(device), name, ranks, rank, num_experts, quant_mode=0, global_bs=tokens * ranks,
         expert_token_nums_type=1, comm_alg=CHIP_LIMITS[chip].comm_alg)
