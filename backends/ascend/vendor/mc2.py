@@ -223,7 +223,7 @@ def row_order_self_test(group: Any, npu: Any = None, group_name: str | None = No
     same_sets = all(sorted(o) == sorted(e) for o, e in zip(observed, expected))
     ok = same_sets and observed == expected and combined_ok
     if ok:
-        detail = f"every expert's rows arrived {ROW_ORDER.split('; ')[1]}"
+        detail = f"expand_x rows in the order the engine assumes ({ROW_ORDER})"
     elif not same_sets:
         detail = "expand_x does not hold the routed (rank, token) rows per expert: the dispatch itself is off"
     elif observed != expected:
