@@ -68,10 +68,14 @@ from .fp8_scales import (
     ue8m0_words_to_fp32,
 )
 from .indexer_cache import (
+    FP4_INDEXER_BLOCK,
     INDEXER_SCALE_BYTES,
+    dequantize_fp4_rows,
     dequantize_indexer_cache,
+    dequantize_indexer_cache_fp4,
     indexer_cache_views,
     pack_indexer_cache,
+    quantize_fp4_rows,
     quantize_indexer_keys,
 )
 from .kv_cache import (
@@ -133,10 +137,14 @@ __all__ = [
     # errors
     "LayoutConversionError",
     # indexer_cache
+    "FP4_INDEXER_BLOCK",
     "INDEXER_SCALE_BYTES",
+    "dequantize_fp4_rows",
     "dequantize_indexer_cache",
+    "dequantize_indexer_cache_fp4",
     "indexer_cache_views",
     "pack_indexer_cache",
+    "quantize_fp4_rows",
     "quantize_indexer_keys",
     # formats
     "ASCEND_BF16_VALUES",

@@ -13,6 +13,12 @@ stride(0) may exceed block_kv * (D + 4) (a block inside a larger page) and must 
 Quantization rule (DeepGEMM's test generator, which the V3.2 inference matches): per token,
 sf = max(amax, 1e-4) / 448 and value = fp8(x * (1 / sf)) — no power-of-two rounding, so decode is
 value · sf in fp32.
+
+The FP4 form (DeepGEMM's `fp8_fp4_paged_mqa_logits` with an FP4 cache, SM100) has the same block
+layout with D/2 + 4 bytes per token: the token's D channels as packed E2M1 codes (two per byte,
+low nibble first) and one int32 word of UE8M0 exponents, one per 32 channels (D <= 128; unused
+exponent bytes are 127, i.e. 1.0). Decode is code value · 2^(e - 127) per 32 channels, exact in fp32.
+The same pair (packed codes [..., D/2], int32 words [...]) is DeepGEMM's FP4 query and prefill key.
 """
 
 from __future__ import annotations
@@ -22,12 +28,18 @@ import torch
 from ._util import require_dtype
 from .constants import FP8_E4M3_MAX, SCALE_AMAX_FLOOR
 from .errors import LayoutConversionError
+from .fp4 import e2m1_decode, e2m1_encode, fp4_scale_from_amax, pack_e2m1, unpack_e2m1
+from .ue8m0 import ue8m0_exponents, ue8m0_to_fp32
 
-__all__ = ["INDEXER_SCALE_BYTES", "indexer_cache_views", "pack_indexer_cache", "quantize_indexer_keys",
-           "dequantize_indexer_cache"]
+__all__ = ["INDEXER_SCALE_BYTES", "FP4_INDEXER_BLOCK", "indexer_cache_views", "pack_indexer_cache",
+           "quantize_indexer_keys", "dequantize_indexer_cache", "quantize_fp4_rows", "dequantize_fp4_rows", "dequantize_indexer_cache_fp4"]
+#: the exponent byte of 1.0: how the FP4 form pads a word's unused exponents (as DeepGEMM does)
+_UNIT_EXPONENT = 127
 
-#: bytes of one token's scale (fp32)
+#: bytes of one token's scale (fp32, or the FP4 form's int32 word of exponents)
 INDEXER_SCALE_BYTES = 4
+#: channels per UE8M0 exponent in the FP4 form
+FP4_INDEXER_BLOCK = 32
 
 
 def quantize_indexer_keys(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,9 +54,14 @@ def quantize_indexer_keys(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pack_indexer_cache(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """(float8_e4m3fn [blocks, block_kv, D], fp32 [blocks, block_kv]) -> uint8 [blocks, block_kv, 1, D + 4]."""
-    require_dtype("values", values, (torch.float8_e4m3fn,), "quantize the keys with quantize_indexer_keys")
-    require_dtype("scales", scales, (torch.float32,), "pass the fp32 per-token scales")
+    """(float8_e4m3fn [blocks, block_kv, D], fp32 [blocks, block_kv]) -> uint8 [blocks, block_kv, 1, D + 4];
+    the FP4 form: (int8/uint8 packed E2M1 [blocks, block_kv, D/2], int32 exponent words [blocks,
+    block_kv]) -> uint8 [blocks, block_kv, 1, D/2 + 4]."""
+    fp4 = values.dtype in (torch.int8, torch.uint8)
+    require_dtype("values", values, (torch.float8_e4m3fn, torch.int8, torch.uint8),
+                  "quantize the keys with quantize_indexer_keys (FP8) or per_token_cast_to_fp4 (FP4)")
+    require_dtype("scales", scales, (torch.int32,) if fp4 else (torch.float32,),
+                  "pass the int32 exponent words of FP4 keys" if fp4 else "pass the fp32 per-token scales")
     if values.dim() != 3 or tuple(scales.shape) != tuple(values.shape[:2]):
         raise LayoutConversionError(f"pack_indexer_cache: values {tuple(values.shape)} and scales "
                                     f"{tuple(scales.shape)}; expected [blocks, block_kv, D] and [blocks, block_kv]")
@@ -81,3 +98,44 @@ def dequantize_indexer_cache(kv_cache: torch.Tensor) -> torch.Tensor:
     """uint8 [blocks, block_kv, 1, D + 4] -> fp32 [blocks, block_kv, D]: value · sf per token."""
     values, scales = indexer_cache_views(kv_cache)
     return values.float() * scales.unsqueeze(-1)
+
+
+def quantize_fp4_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] (D a multiple of 32, <= 128) -> the FP4 form (uint8 packed E2M1 [..., D/2], int32
+    words [...]): per 32 channels sf = ceil_to_ue8m0(amax / 6), codes = e2m1_encode(x / sf) (ties to
+    even, signed zero). DeepGEMM's per_token_cast_to_fp4 (use_ue8m0, packed, gran_k 32) has the same
+    scales; it rounds ties toward zero and writes +0, so a few codes differ; the bytes decode alike."""
+    d = x.shape[-1]
+    blocks = d // FP4_INDEXER_BLOCK
+    if not x.is_floating_point() or d % FP4_INDEXER_BLOCK or blocks > INDEXER_SCALE_BYTES:
+        raise LayoutConversionError(f"quantize_fp4_rows: x is {x.dtype} [..., {d}]; expected floating point with D "
+                                    "a multiple of 32 up to 128")
+    xb = x.float().reshape(*x.shape[:-1], blocks, FP4_INDEXER_BLOCK)
+    sf = fp4_scale_from_amax(xb.abs().amax(dim=-1))
+    packed = pack_e2m1(e2m1_encode(xb / sf[..., None]).reshape(*x.shape[:-1], d))
+    exponents = torch.full((*x.shape[:-1], INDEXER_SCALE_BYTES), _UNIT_EXPONENT, dtype=torch.uint8, device=x.device)
+    exponents[..., :blocks] = ue8m0_exponents(sf)
+    return packed, exponents.view(torch.int32).squeeze(-1)
+
+
+def dequantize_fp4_rows(packed: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """(int8/uint8 packed E2M1 [..., D/2], int32 UE8M0 words [...]) -> fp32 [..., D], D a multiple of
+    32 and at most 128 (the exponents of one word)."""
+    require_dtype("packed", packed, (torch.int8, torch.uint8), "pass the packed E2M1 codes")
+    require_dtype("words", words, (torch.int32,), "pass one int32 word of UE8M0 exponents per row")
+    d = packed.shape[-1] * 2
+    blocks = d // FP4_INDEXER_BLOCK
+    if d % FP4_INDEXER_BLOCK or blocks > INDEXER_SCALE_BYTES or tuple(words.shape) != tuple(packed.shape[:-1]):
+        raise LayoutConversionError(f"dequantize_fp4_rows: packed {tuple(packed.shape)} with words "
+                                    f"{tuple(words.shape)}; expected D = 2 * packed.shape[-1] a multiple of 32 "
+                                    "up to 128 and one word per row")
+    values = e2m1_decode(unpack_e2m1(packed)) + 0.0  # the negative-zero code decodes as +0
+    exponents = words.contiguous().view(torch.uint8).reshape(*words.shape, INDEXER_SCALE_BYTES)[..., :blocks]
+    scale = ue8m0_to_fp32(exponents.contiguous())
+    return (values.reshape(*values.shape[:-1], blocks, FP4_INDEXER_BLOCK) * scale[..., None]).flatten(-2)
+
+
+def dequantize_indexer_cache_fp4(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The FP4 form uint8 [blocks, block_kv, 1, D/2 + 4] -> fp32 [blocks, block_kv, D]."""
+    values, scales = indexer_cache_views(kv_cache)
+    return dequantize_fp4_rows(values.view(torch.uint8), scales.view(torch.int32))

@@ -15,7 +15,8 @@ import attrs
 import torch
 
 from ..core.numerics import calc_diff
-from ..layouts.indexer_cache import dequantize_indexer_cache, pack_indexer_cache, quantize_indexer_keys
+from ..layouts.indexer_cache import (dequantize_fp4_rows, dequantize_indexer_cache, dequantize_indexer_cache_fp4,
+                                     pack_indexer_cache, quantize_fp4_rows, quantize_indexer_keys)
 from ..ops.attention import indexer
 from ..ops.attention.indexer import (BF16_TOLERANCE, FP32_TOLERANCE, LOGITS_ROW_ALIGN_BYTES, fp8_mqa_logits,
                                      fp8_paged_mqa_logits, get_paged_mqa_logits_metadata, mqa_logits_reference,
@@ -84,19 +85,31 @@ class PrefillShape:
     compressed: bool = False
     logits_dtype: torch.dtype = torch.float32
     weights_dtype: torch.dtype = torch.float32
+    fp4: bool = False  # DeepGEMM's FP4 q and keys (packed E2M1, UE8M0 per 32)
+
+
+def _fp4_operand(x: torch.Tensor, device: torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """((int8 packed, int32 words) on device, its dequantized fp32 values) of x [..., D]."""
+    packed, words = quantize_fp4_rows(x)
+    return (packed.view(torch.int8).to(device), words.to(device)), dequantize_fp4_rows(packed, words)
 
 
 def _prefill_case(shape: PrefillShape, seed: int, device: torch.device) -> float:
-    q = quantized_queries(shape.m, shape.heads, shape.d, seed=seed)
-    keys, scales = quantize_indexer_keys(randn(shape.n, shape.d, seed=seed + 1, dtype=torch.bfloat16))
+    raw_keys = randn(shape.n, shape.d, seed=seed + 1, dtype=torch.bfloat16)
+    if shape.fp4:
+        q, q_values = _fp4_operand(randn(shape.m, shape.heads, shape.d, seed=seed), device)
+        kv, k_values = _fp4_operand(raw_keys, device)
+    else:
+        q = q_values = quantized_queries(shape.m, shape.heads, shape.d, seed=seed)
+        keys, scales = quantize_indexer_keys(raw_keys)
+        q, kv, k_values = q.to(device), (keys.to(device), scales.to(device)), keys.float() * scales[:, None]
     weights = randn(shape.m, shape.heads, seed=seed + 2).to(shape.weights_dtype)
     ks, ke = cp_ranges(shape.m, shape.n, shape.context_parallel)
-    want = mqa_logits_reference(q, keys.float() * scales[:, None], weights.float(), ks, ke)
+    want = mqa_logits_reference(q_values, k_values, weights.float(), ks, ke)
     width = int((ke - ks).max()) if shape.compressed else 0
     with poisoned_logits():
-        got = fp8_mqa_logits(q.to(device), (keys.to(device), scales.to(device)), weights.to(device), ks.to(device),
-                             ke.to(device), clean_logits=not shape.compressed, max_seqlen_k=width,
-                             logits_dtype=shape.logits_dtype)
+        got = fp8_mqa_logits(q, kv, weights.to(device), ks.to(device), ke.to(device),
+                             clean_logits=not shape.compressed, max_seqlen_k=width, logits_dtype=shape.logits_dtype)
     if got.dtype != shape.logits_dtype:
         raise CaseFailure(f"logits dtype {got.dtype}, expected {shape.logits_dtype}")
     if shape.compressed:
@@ -122,16 +135,18 @@ class PagedShape:
     clean: bool = True
     logits_dtype: torch.dtype = torch.float32
     weights_dtype: torch.dtype = torch.float32
+    fp4: bool = False
 
 
 def build_indexer_cache(lengths: Sequence[int], block_kv: int, d: int, *, seed: int,
-                        spare_blocks: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 cache [blocks, block_kv, 1, d + 4], int32 block_table [B, max_blocks]): each sequence's
-    blocks drawn from a shuffled pool with spare blocks, unused table entries set to a huge id."""
+                        spare_blocks: int = 3, fp4: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 cache [blocks, block_kv, 1, d + 4] (FP4: d/2 + 4), int32 block_table [B, max_blocks]):
+    each sequence's blocks drawn from a shuffled pool with spare blocks, unused table entries set to
+    a huge id."""
     used = [-(-n // block_kv) for n in lengths]
     total = sum(used) + spare_blocks
     keys = randn(total, block_kv, d, seed=seed, dtype=torch.bfloat16)
-    cache = pack_indexer_cache(*quantize_indexer_keys(keys))
+    cache = pack_indexer_cache(*(quantize_fp4_rows(keys) if fp4 else quantize_indexer_keys(keys)))
     pool = torch.randperm(total, generator=generator(seed + 1)).to(torch.int32)
     table = torch.full((len(lengths), max(max(used), 1) + 1), 2**30, dtype=torch.int32)
     offset = 0
@@ -148,15 +163,20 @@ def paged_context_lens(lengths: Sequence[int], next_n: int) -> torch.Tensor:
 
 def _paged_case(shape: PagedShape, seed: int, device: torch.device) -> float:
     batch = len(shape.lengths)
-    cache, table = build_indexer_cache(shape.lengths, shape.block_kv, shape.d, seed=seed)
-    q = quantized_queries(batch, shape.next_n, shape.heads, shape.d, seed=seed + 2)
+    cache, table = build_indexer_cache(shape.lengths, shape.block_kv, shape.d, seed=seed, fp4=shape.fp4)
+    if shape.fp4:
+        q, q_values = _fp4_operand(randn(batch, shape.next_n, shape.heads, shape.d, seed=seed + 2), device)
+        k_values = dequantize_indexer_cache_fp4(cache)
+    else:
+        q = q_values = quantized_queries(batch, shape.next_n, shape.heads, shape.d, seed=seed + 2)
+        q, k_values = q.to(device), dequantize_indexer_cache(cache)
     weights = randn(batch * shape.next_n, shape.heads, seed=seed + 3).to(shape.weights_dtype)
     lens = paged_context_lens(shape.lengths, shape.next_n)
     width = max(shape.lengths) + 5
-    want = paged_mqa_logits_reference(q, dequantize_indexer_cache(cache), weights.float(), lens, table, width)
+    want = paged_mqa_logits_reference(q_values, k_values, weights.float(), lens, table, width)
     meta = get_paged_mqa_logits_metadata(lens.to(device), shape.block_kv, 8)
     with poisoned_logits():
-        got = fp8_paged_mqa_logits(q.to(device), cache.to(device), weights.to(device), lens.to(device),
+        got = fp8_paged_mqa_logits(q, cache.to(device), weights.to(device), lens.to(device),
                                    table.to(device), meta, width, clean_logits=shape.clean,
                                    logits_dtype=shape.logits_dtype)
     if got.dtype != shape.logits_dtype or tuple(got.shape) != (batch * shape.next_n, width):
@@ -196,6 +216,8 @@ PREFILL_QUICK = (
     PrefillShape(8, 64, 32, 64, context_parallel=True),
     PrefillShape(6, 40, 8, 128, compressed=True),
     PrefillShape(5, 33, 16, 64, logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16),
+    PrefillShape(8, 64, 8, 128, context_parallel=True, fp4=True),
+    PrefillShape(6, 40, 16, 64, compressed=True, fp4=True),
 )
 PREFILL_FULL = PREFILL_QUICK + (
     PrefillShape(32, 512, 64, 128),
@@ -207,6 +229,8 @@ PAGED_QUICK = (
     PagedShape((70, 1, 130), 1, 8, 32, 16),
     PagedShape((64, 37), 2, 32, 64, 64, clean=False),
     PagedShape((5, 200, 0), 1, 16, 128, 64, logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16),
+    PagedShape((70, 1, 130), 2, 8, 128, 64, fp4=True),
+    PagedShape((33, 64), 1, 16, 64, 32, clean=False, logits_dtype=torch.bfloat16, fp4=True),
 )
 PAGED_FULL = PAGED_QUICK + (
     PagedShape((300, 257, 1, 64), 2, 64, 128, 64),

@@ -180,6 +180,7 @@ def _indexer_call():
 
 
 def test_mqa_logits_names_are_the_portable_op_under_deep_gemms_signatures():
+    from portable_kernels.ops.attention.indexer import mqa_logits_reference
     q, kv, weights, ks, ke = _indexer_call()
     want = pk.fp8_mqa_logits(q, kv, weights, ks, ke)
     assert torch.equal(deep_gemm.fp8_mqa_logits(q, kv, weights, ks, ke), want)
@@ -187,8 +188,21 @@ def test_mqa_logits_names_are_the_portable_op_under_deep_gemms_signatures():
     assert got.dtype == torch.bfloat16 and got.stride(0) * 2 % 1024 == 0
     valid = want != float("-inf")
     assert pk.calc_diff(got.float().masked_fill(~valid, 0), want.masked_fill(~valid, 0)) < 3e-5
-    with pytest.raises(ContractError, match="FP4 queries"):
-        deep_gemm.fp8_fp4_mqa_logits((q, torch.ones(8, 32, dtype=torch.int32)), kv, weights, ks, ke)
+    # FP4 q and keys, as DeepGEMM's SM100 test builds them: against the dequantized operands
+    gen = torch.Generator().manual_seed(24)
+    q_raw, k_raw = torch.randn(8, 32, 64, generator=gen), torch.randn(64, 64, generator=gen)
+    q4 = deep_gemm.utils.per_token_cast_to_fp4(q_raw.view(-1, 64), use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
+    k4 = deep_gemm.utils.per_token_cast_to_fp4(k_raw, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
+    got = deep_gemm.fp8_fp4_mqa_logits((q4[0].view(8, 32, 32), q4[1].view(8, 32)), (k4[0], k4[1].view(64)), weights,
+                                       ks, ke)
+    q_sim = deep_gemm.utils.cast_back_from_fp4(*q4, gran_k=32, use_packed_ue8m0=True).view(8, 32, 64)
+    k_sim = deep_gemm.utils.cast_back_from_fp4(*k4, gran_k=32, use_packed_ue8m0=True)
+    want = mqa_logits_reference(q_sim, k_sim, weights, ks, ke)
+    valid = want != float("-inf")
+    assert torch.equal(got == float("-inf"), ~valid)
+    assert pk.calc_diff(got.masked_fill(~valid, 0), want.masked_fill(~valid, 0)) < 1e-9
+    with pytest.raises(ContractError, match="FP4 q takes FP4 keys"):
+        deep_gemm.fp8_fp4_mqa_logits((q4[0].view(8, 32, 32), q4[1].view(8, 32)), kv, weights, ks, ke)
 
 
 def test_paged_mqa_logits_legacy_form_and_metadata():

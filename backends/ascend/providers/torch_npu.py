@@ -458,7 +458,7 @@ def _indexer(kind: str) -> Callable[[Any], None]:
 
 def _register_indexer(registry: Registry) -> None:
     # no CANN op returns the logits (npu_(quant_)lightning_indexer fuse the top-k): torch ops on the NPU
-    doc = ("FP8 -> fp32, torch_npu matmul, relu, batched matmul over heads (CANN's lightning indexer returns "
+    doc = ("FP8 (or FP4) -> fp32, torch_npu matmul, relu, batched matmul over heads (CANN's lightning indexer returns "
            "top-k indices only: vendor.indexer.lightning_indexer_topk)")
     for op, kind in (("fp8_mqa_logits", "mqa"), ("fp8_paged_mqa_logits", "paged")):
         registry.kernel(op, "ascend", PROVIDER, priority=PRIORITY, devices=("npu", "cpu"),

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from portable_kernels.core.providers import Limit
-from portable_kernels.layouts.indexer_cache import indexer_cache_views
+from portable_kernels.layouts.indexer_cache import dequantize_fp4_rows, indexer_cache_views
 from portable_kernels.ops.attention.indexer import MqaLogitsInputs, PagedMqaLogitsInputs, write_valid
 
 #: upper bound on the fp32 scores one step materializes (rows · H · keys · 4 bytes)
@@ -70,13 +70,20 @@ def _rows_per_step(heads: int, keys: int) -> int:
 def mqa_logits(call: MqaLogitsInputs, native_fp8: bool) -> None:
     """fp8_mqa_logits: scores = (q · v) · s per key in fp32, relu, then Σ_h weights[i, h] · scores as
     one batched matmul; the valid entries written into call.logits (row chunks)."""
+    fp4 = call.q_scales is not None
     m, heads, d = call.q.shape
-    keys = _e4m3_to_float(call.kv, native_fp8)                      # [N, D]
-    scales = call.kv_scales.float()                                 # [N]
+    if fp4:  # FP4 q and keys (DeepGEMM's SM100 form): widened exactly by torch ops, scales inside
+        d *= 2
+        keys = dequantize_fp4_rows(call.kv, call.kv_scales)         # [N, D]
+        scales = torch.ones(keys.shape[0], device=keys.device)
+    else:
+        keys = _e4m3_to_float(call.kv, native_fp8)                  # [N, D]
+        scales = call.kv_scales.float()                             # [N]
     step = _rows_per_step(heads, keys.shape[0])
     for lo in range(0, m, step):
         hi = min(m, lo + step)
-        q = _e4m3_to_float(call.q[lo:hi], native_fp8).reshape((hi - lo) * heads, d)
+        q = (dequantize_fp4_rows(call.q[lo:hi], call.q_scales[lo:hi]) if fp4 else
+             _e4m3_to_float(call.q[lo:hi], native_fp8)).reshape((hi - lo) * heads, d)
         scores = torch.matmul(q, keys.t()).mul_(scales).relu_().view(hi - lo, heads, -1)
         full = torch.bmm(call.weights[lo:hi].float().unsqueeze(1), scores).squeeze(1)
         write_valid(call.logits[lo:hi], full, call.k_start[lo:hi], call.k_end[lo:hi], call.compressed)
@@ -86,8 +93,13 @@ def paged_mqa_logits(call: PagedMqaLogitsInputs, native_fp8: bool) -> None:
     """fp8_paged_mqa_logits: each sequence's blocks gathered through block_table (entries past its
     longest row replaced by block 0, never read into a valid entry), then the same math as
     `mqa_logits`. No host reads: the gathered width is the table's (or the logits') width."""
+    fp4 = call.q_scales is not None
     batch, next_n, heads, d = call.q.shape
     values, scales = indexer_cache_views(call.kv_cache)             # [blocks, bkv, D], [blocks, bkv]
+    if fp4:  # the FP4 cache widened once by torch ops (its exponent words are the scales' bytes)
+        d *= 2
+        values = dequantize_fp4_rows(values.view(torch.uint8), scales.view(torch.int32))
+        scales = torch.ones(values.shape[:2], device=values.device)
     block_kv = values.shape[1]
     width = call.logits.shape[1]
     columns = min(call.block_table.shape[1], -(-width // block_kv))
@@ -99,9 +111,11 @@ def paged_mqa_logits(call: PagedMqaLogitsInputs, native_fp8: bool) -> None:
     lens = call.context_lens.reshape(-1)
     for lo in range(0, batch, step):
         hi = min(batch, lo + step)
-        k = _e4m3_to_float(values[ids[lo:hi]], native_fp8).reshape(hi - lo, -1, d)[:, :length]
+        gathered = values[ids[lo:hi]]
+        k = (gathered if fp4 else _e4m3_to_float(gathered, native_fp8)).reshape(hi - lo, -1, d)[:, :length]
         s = scales[ids[lo:hi]].reshape(hi - lo, -1)[:, :length].float()
-        q = _e4m3_to_float(call.q[lo:hi], native_fp8).reshape(hi - lo, next_n * heads, d)
+        q = (dequantize_fp4_rows(call.q[lo:hi], call.q_scales[lo:hi]) if fp4 else
+             _e4m3_to_float(call.q[lo:hi], native_fp8)).reshape(hi - lo, next_n * heads, d)
         scores = torch.matmul(q, k.transpose(1, 2)).mul_(s[:, None, :]).relu_()
         scores = scores.view((hi - lo) * next_n, heads, length)
         rows = slice(lo * next_n, hi * next_n)

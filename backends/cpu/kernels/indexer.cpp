@@ -12,6 +12,12 @@
 // AVX2 and NEON builds give bit-identical logits; the generic build multiplies then adds (baseline
 // x86-64 has no FMA), which rounds differently within the contract's tolerance.
 //
+// FP4 (fp4 = 1, DeepGEMM's SM100 form): q rows and keys are packed E2M1 codes (two per byte, low
+// nibble first; D/2 bytes a row) with one 32-bit word of UE8M0 exponents per row (one per 32
+// channels): q_words per (row, head), the keys' words where the FP8 form keeps its fp32 scale. They
+// are decoded to fp32 exactly (code value times a power of two) by scalar code on every build, then
+// run the same FMA engine, so FP4 results are bit-identical across ISA builds as FP8 ones are.
+//
 // Only the valid entries are written (the op pre-fills -inf). A row whose range leaves the keys or the
 // logits width is skipped and a cache block reference outside the table or the cache reads as a zero
 // key; both are counted and the wrapper raises (the op's checks make them impossible).
@@ -39,8 +45,8 @@ const Fp8Table& fp8_table() {
   return t;
 }
 
-// One indexer call's arguments, packed by the Python wrapper (providers/indexer.py, `_CALL`: 26
-// native 64-bit words, pointers as addresses). Prefill: kv/sf set, start/end per row, lens null.
+// One indexer call's arguments, packed by the Python wrapper (providers/indexer.py, `_CALL`: 28
+// native 64-bit words, pointers as addresses). d is the head dim (FP4: D, the rows holding D/2 bytes). Prefill: kv/sf set, start/end per row, lens null.
 // Paged: lens per row (b * next_n + t), cache/table set. Strides are in elements (bytes for the cache).
 struct IndexerCall {
   const uint8_t* q;
@@ -60,8 +66,34 @@ struct IndexerCall {
   int64_t table_stride, table_cols, block_kv, block_stride;
   void* out;
   int64_t out_bf16, out_stride, width, threads;
+  const uint32_t* q_words;  // FP4: one exponent word per (row, head); null for FP8
+  int64_t fp4;
 };
-static_assert(sizeof(void*) == 8 && sizeof(IndexerCall) == 26 * 8, "IndexerCall is 26 int64 words (indexer.py packs it)");
+static_assert(sizeof(void*) == 8 && sizeof(IndexerCall) == 28 * 8, "IndexerCall is 28 int64 words (indexer.py packs it)");
+
+// bytes of one q-head or key row: D fp8 values, or D/2 bytes of FP4 codes
+inline int64_t row_bytes(const IndexerCall& c) { return c.fp4 ? c.d / 2 : c.d; }
+
+// E2M1 code -> value (the negative-zero code as +0, as the reference decodes it)
+constexpr float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                            0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// 2^(e - 127) of a UE8M0 exponent byte (e = 0: the fp32 subnormal 2^-127)
+inline float ue8m0_value(uint32_t e) {
+  const uint32_t bits = e == 0 ? 0x00400000u : (e << 23);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// fp32 values of one FP4 row: D codes from D/2 bytes, exponent byte k of `word` for channels 32k..32k+31
+inline void decode_fp4_row(const uint8_t* row, uint32_t word, int64_t D, float* out, int64_t stride) {
+  for (int64_t d = 0; d < D; ++d) {
+    const uint8_t byte = row[d >> 1];
+    const float scale = ue8m0_value((word >> (8 * (d >> 5))) & 0xFFu);
+    out[d * stride] = E2M1[(d & 1) ? (byte >> 4) : (byte & 0xF)] * scale;
+  }
+}
 
 struct Group {
   int64_t r0, nr, seq, lo, hi;  // rows [r0, r0 + nr), sequence (paged) or -1, keys [lo, hi)
@@ -98,17 +130,18 @@ inline RowRange row_range(const IndexerCall& c, int64_t r, int64_t* bad) {
 
 // The fp8 row and scale of key j of a group (nullptr: a bad block reference, counted by the caller).
 inline const uint8_t* key_row(const IndexerCall& c, int64_t seq, int64_t j, float* scale) {
+  const int64_t rb = row_bytes(c);
   if (seq < 0) {
-    *scale = c.sf[j];
-    return c.kv + j * c.d;
+    *scale = c.sf[j];  // FP4: the key's exponent word, carried as 4 bytes
+    return c.kv + j * rb;
   }
   const int64_t col = j / c.block_kv, slot = j - col * c.block_kv;
   if (col >= c.table_cols) return nullptr;
   const int64_t blk = c.table[seq * c.table_stride + col];
   if (blk < 0 || blk >= c.n) return nullptr;
   const uint8_t* base = c.cache + blk * c.block_stride;
-  std::memcpy(scale, base + c.block_kv * c.d + 4 * slot, 4);
-  return base + slot * c.d;
+  std::memcpy(scale, base + c.block_kv * rb + 4 * slot, 4);
+  return base + slot * rb;
 }
 
 // Kt[d * JB + jj] = value · scale of key j0 + jj (lanes >= cnt zero). Full panels transpose in
@@ -121,6 +154,18 @@ int64_t decode_panel(const IndexerCall& c, int64_t seq, int64_t j0, int64_t cnt,
   for (int64_t jj = 0; jj < JB; ++jj) {
     rows[jj] = jj < cnt ? key_row(c, seq, j0 + jj, &scales[jj]) : nullptr;
     if (jj < cnt && rows[jj] == nullptr) ++bad;
+  }
+  if (c.fp4) {
+    for (int64_t jj = 0; jj < JB; ++jj) {
+      if (rows[jj] == nullptr) {
+        for (int64_t d = 0; d < D; ++d) kt[d * JB + jj] = 0.0f;
+        continue;
+      }
+      uint32_t word;
+      std::memcpy(&word, &scales[jj], 4);
+      decode_fp4_row(rows[jj], word, D, kt + jj, JB);
+    }
+    return bad;
   }
   int64_t d0 = 0;
   if (cnt == JB && bad == 0) {
@@ -245,7 +290,11 @@ int64_t run_task(const IndexerCall& c, const Group& g, int64_t k0, int64_t k1, S
     const int64_t r = g.r0 + k;
     int64_t ignored = 0;  // bad rows are counted once, by the planner
     ranges[k] = row_range(c, r, &ignored);
-    decode_query(c.q + r * H * D, H * D, s.qf.data() + k * H * D);
+    if (c.fp4)
+      for (int64_t h = 0; h < H; ++h)
+        decode_fp4_row(c.q + (r * H + h) * (D / 2), c.q_words[r * H + h], D, s.qf.data() + (k * H + h) * D, 1);
+    else
+      decode_query(c.q + r * H * D, H * D, s.qf.data() + k * H * D);
     for (int64_t h = 0; h < H; ++h)
       s.wf[k * H + h] = c.w_bf16 ? pk::bf16_to_f32(static_cast<const uint16_t*>(c.weights)[r * c.w_stride + h])
                                  : static_cast<const float*>(c.weights)[r * c.w_stride + h];

@@ -30,7 +30,7 @@ LIB = register_library(NativeLibrary("cpu_indexer", Path(__file__).parent.parent
     "pk_indexer_lanes": [],
 }, returns={"pk_indexer_logits": I64, "pk_indexer_call_size": I64, "pk_indexer_lanes": I64}, owner=BACKEND))
 
-#: indexer.cpp's IndexerCall: 26 native 64-bit words (Q: an address, 0 for null; q: an integer), in its order
+#: indexer.cpp's IndexerCall: 28 native 64-bit words (Q: an address, 0 for null; q: an integer), in its order
 _CALL = struct.Struct("=" + "".join((
     "Qqqq",      # q, rows, heads, d
     "Qqq",       # weights, w_bf16, w_stride
@@ -39,9 +39,11 @@ _CALL = struct.Struct("=" + "".join((
     "Qq",        # lens, next_n
     "QQqqqq",    # cache, table, table_stride, table_cols, block_kv, block_stride (bytes)
     "Qqqqq",     # out, out_bf16, out_stride, width, threads
+    "Qq",        # q_words (FP4), fp4
 )))
 
 FP8 = torch.float8_e4m3fn
+FP4_PACKED = (torch.int8, torch.uint8)
 FLOAT_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -90,16 +92,21 @@ def _rows(reasons: list[str], arg: str, t: torch.Tensor) -> None:
         reasons.append(f"argument '{arg}' has row stride {t.stride(0)} < {cols} columns (overlapping rows)")
 
 
-def _common(reasons: list[str], q: Any, dims: int, weights: Any, logits: Any) -> tuple[int, int, int] | None:
+def _common(reasons: list[str], q: Any, dims: int, weights: Any, logits: Any,
+            q_words: Any = None) -> tuple[int, int, int] | None:
+    """(rows, heads, d) of a call the kernel may read, d the head dim (FP4: twice q's packed width)."""
     if LIB.get() is None:
         reasons.append(f"native indexer unavailable: {LIB.reason()}")
     if not isinstance(q, torch.Tensor) or q.dim() != dims:
         reasons.append(f"argument 'q' is {describe(q)}; the native kernel reads a {dims}-D float8_e4m3fn tensor")
         return None
-    if not _tensor(reasons, "q", q, (FP8,), tuple(q.shape)):
+    fp4 = q_words is not None
+    if not _tensor(reasons, "q", q, FP4_PACKED if fp4 else (FP8,), tuple(q.shape)):
+        return None
+    if fp4 and not _tensor(reasons, "q_scales", q_words, (torch.int32,), tuple(q.shape[:-1])):
         return None
     rows = q.shape[0] * (q.shape[1] if dims == 4 else 1)
-    heads, d = q.shape[-2:]
+    heads, d = q.shape[-2], q.shape[-1] * (2 if fp4 else 1)
     if _tensor(reasons, "weights", weights, FLOAT_DTYPES, (rows, heads), contiguous=False):
         _rows(reasons, "weights", weights)
     if isinstance(logits, torch.Tensor) and logits.dim() == 2 and logits.shape[0] == rows:
@@ -116,14 +123,15 @@ def _common(reasons: list[str], q: Any, dims: int, weights: Any, logits: Any) ->
 def mqa_logits_problems(call) -> list[str]:
     """Every reason the native kernel cannot read or write this MqaLogitsInputs (empty: it can)."""
     reasons: list[str] = []
-    dims = _common(reasons, call.q, 3, call.weights, call.logits)
+    fp4 = call.q_scales is not None
+    dims = _common(reasons, call.q, 3, call.weights, call.logits, call.q_scales)
     if dims is None:
         return reasons
     m, _, d = dims
     kv = call.kv
     n = kv.shape[0] if isinstance(kv, torch.Tensor) and kv.dim() == 2 else -1
-    if _tensor(reasons, "kv", kv, (FP8,), (n, d)):
-        _tensor(reasons, "kv_scales", call.kv_scales, (torch.float32,), (n,))
+    if _tensor(reasons, "kv", kv, FP4_PACKED if fp4 else (FP8,), (n, d // 2 if fp4 else d)):
+        _tensor(reasons, "kv_scales", call.kv_scales, (torch.int32 if fp4 else torch.float32,), (n,))
     for arg in ("k_start", "k_end"):
         _tensor(reasons, arg, getattr(call, arg), (torch.int32,), (m,))
     return reasons
@@ -132,11 +140,11 @@ def mqa_logits_problems(call) -> list[str]:
 def paged_mqa_logits_problems(call) -> list[str]:
     """Every reason the native kernel cannot read or write this PagedMqaLogitsInputs (empty: it can)."""
     reasons: list[str] = []
-    dims = _common(reasons, call.q, 4, call.weights, call.logits)
+    dims = _common(reasons, call.q, 4, call.weights, call.logits, call.q_scales)
     if dims is None:
         return reasons
     batch, next_n = call.q.shape[:2]
-    d = dims[2]
+    d = call.q.shape[-1]  # bytes of a key row: D (FP8) or D/2 (FP4)
     cache = call.kv_cache
     if _tensor(reasons, "kv_cache", cache, (torch.uint8,), tuple(getattr(cache, "shape", ())), contiguous=False):
         if cache.dim() != 4 or cache.shape[2] != 1 or cache.shape[3] != d + 4:
@@ -188,8 +196,8 @@ def _refuse(op: str, reasons: list[str]) -> None:
 
 def _launch(op: str, q: torch.Tensor, rows: int, weights: torch.Tensor, logits: torch.Tensor, *, start=None,
             end=None, compressed=False, kv=None, sf=None, n=0, lens=None, next_n=0, cache=None, table=None,
-            block_kv=0) -> int:
-    heads, d = q.shape[-2:]
+            block_kv=0, q_words=None) -> int:
+    heads, d = q.shape[-2], q.shape[-1] * (1 if q_words is None else 2)
     buf = _buffer
     _CALL.pack_into(buf.raw, 0, q.data_ptr(), rows, heads, d,
                     weights.data_ptr(), weights.dtype == torch.bfloat16, weights.stride(0),
@@ -200,7 +208,7 @@ def _launch(op: str, q: torch.Tensor, rows: int, weights: torch.Tensor, logits: 
                     0 if table is None else table.stride(0), 0 if table is None else table.shape[1], block_kv,
                     0 if cache is None else cache.stride(0),
                     logits.data_ptr(), logits.dtype == torch.bfloat16, logits.stride(0), logits.shape[1],
-                    num_threads())
+                    num_threads(), 0 if q_words is None else q_words.data_ptr(), q_words is not None)
     return int(LIB.get().pk_indexer_logits(buf.address))
 
 
@@ -214,7 +222,8 @@ def mqa_logits_native(call) -> None:
     if call.q.shape[0] == 0 or call.logits.shape[1] == 0:
         return
     bad = _launch(op, call.q, call.q.shape[0], call.weights, call.logits, start=call.k_start, end=call.k_end,
-                  compressed=bool(call.compressed), kv=call.kv, sf=call.kv_scales, n=call.kv.shape[0])
+                  compressed=bool(call.compressed), kv=call.kv, sf=call.kv_scales, n=call.kv.shape[0],
+                  q_words=call.q_scales)
     if bad:
         _refuse(op, [f"{bad} rows have a key range outside [0, {call.kv.shape[0]}) or wider than the logits "
                      f"({call.logits.shape[1]} columns); they were not written"])
@@ -233,7 +242,7 @@ def paged_mqa_logits_native(call) -> None:
         return
     cache = call.kv_cache
     bad = _launch(op, call.q, batch * next_n, call.weights, call.logits, n=cache.shape[0], lens=call.context_lens,
-                  next_n=next_n, cache=cache, table=call.block_table, block_kv=cache.shape[1])
+                  next_n=next_n, cache=cache, table=call.block_table, block_kv=cache.shape[1], q_words=call.q_scales)
     if bad:
         _refuse(op, [f"{bad} context lengths exceed the logits width ({call.logits.shape[1]}) or keys reference a "
                      f"block outside the table or the cache ({cache.shape[0]} blocks)"])

@@ -23,8 +23,13 @@ entries only; the op fills -inf first when clean_logits asks for it.
 
 The indices, lengths and tables are checked on the host before anything runs (on CPU tensors; on
 accelerators with PK_CHECK_VALUES=1), so a bad block_table entry is a ContractError, never an
-out-of-bounds read. The FP4 variants of DeepGEMM's API (`fp8_fp4_*` with a scale tensor for q)
-are not provided.
+out-of-bounds read.
+
+FP4 (DeepGEMM's `fp8_fp4_*` with FP4 operands, SM100): q as the pair (int8 packed E2M1 [..., D/2],
+int32 [...] UE8M0 exponent words, one exponent per 32 channels) and the keys in the same form —
+(int8 [N, D/2], int32 [N]) for the prefill call, the FP4 paged cache (D/2 + 4 bytes per token,
+layouts.indexer_cache) for the decode call; q and keys are FP4 together. The contract is the same
+sum over the dequantized q and K (exact in fp32); weights carry no q scale then.
 """
 
 from __future__ import annotations
@@ -42,9 +47,14 @@ from ...core.errors import ContractError, format_problem
 from ...core.providers import Inputs
 from ...core.tensors import describe
 from ...layouts.errors import LayoutConversionError
-from ...layouts.indexer_cache import INDEXER_SCALE_BYTES, dequantize_indexer_cache, indexer_cache_views
+from ...layouts.indexer_cache import (FP4_INDEXER_BLOCK, INDEXER_SCALE_BYTES, dequantize_fp4_rows,
+                                      dequantize_indexer_cache, dequantize_indexer_cache_fp4, indexer_cache_views)
 
 Q_DTYPE = torch.float8_e4m3fn
+#: dtypes of packed FP4 (E2M1) q and keys (DeepGEMM's per_token_cast_to_fp4 returns int8)
+FP4_DTYPES = (torch.int8, torch.uint8)
+#: the FP4 head dims one int32 word of exponents covers
+FP4_MAX_HEAD_DIM = FP4_INDEXER_BLOCK * INDEXER_SCALE_BYTES
 LOGITS_DTYPES = (torch.float32, torch.bfloat16)
 WEIGHTS_DTYPES = (torch.float32, torch.bfloat16)
 INDEX_DTYPE = torch.int32
@@ -101,7 +111,9 @@ def paged_mqa_logits_reference(q: torch.Tensor, kv: torch.Tensor, weights: torch
 class MqaLogitsInputs(Inputs):
     """One fp8_mqa_logits call (validated, logits allocated): q fp8 [M, H, D]; kv fp8 [N, D] and
     kv_scales fp32 [N]; weights fp32/bf16 [M, H]; k_start / k_end int32 [M]; compressed: column j of
-    row i is key k_start[i] + j; logits [M, W] to write (valid entries only). Returns None."""
+    row i is key k_start[i] + j; logits [M, W] to write (valid entries only). Returns None.
+    FP4 (q_scales given): q int8 packed [M, H, D/2] with q_scales int32 words [M, H], kv int8
+    packed [N, D/2] with kv_scales int32 words [N]."""
 
     q: torch.Tensor
     kv: torch.Tensor
@@ -111,11 +123,12 @@ class MqaLogitsInputs(Inputs):
     k_end: torch.Tensor
     compressed: bool
     logits: torch.Tensor
+    q_scales: torch.Tensor | None = None
     device_field = "q"
 
     def dims(self) -> dict[str, int]:
         m, h, d = self.q.shape
-        return {"m": m, "h": h, "d": d, "n": self.kv.shape[0]}
+        return {"m": m, "h": h, "d": d * (2 if self.q_scales is not None else 1), "n": self.kv.shape[0]}
 
 
 @attrs.frozen
@@ -124,7 +137,8 @@ class PagedMqaLogitsInputs(Inputs):
     uint8 [blocks, block_kv, 1, D + 4] (layouts.indexer_cache); weights [B·T, H]; context_lens int32
     [B, T]; block_table int32 [B, max_blocks]; schedule_meta int32 [S + 1, 2] from
     get_paged_mqa_logits_metadata (providers may use it to divide the work); logits [B·T, W] to
-    write (valid entries only). Returns None."""
+    write (valid entries only). Returns None. FP4 (q_scales given): q int8 packed [B, T, H, D/2]
+    with q_scales int32 words [B, T, H], the cache in its FP4 form [blocks, block_kv, 1, D/2 + 4]."""
 
     q: torch.Tensor
     kv_cache: torch.Tensor
@@ -133,17 +147,22 @@ class PagedMqaLogitsInputs(Inputs):
     block_table: torch.Tensor
     schedule_meta: torch.Tensor
     logits: torch.Tensor
+    q_scales: torch.Tensor | None = None
     device_field = "q"
 
     def dims(self) -> dict[str, int]:
         b, t, h, d = self.q.shape
-        return {"b": b, "next_n": t, "h": h, "d": d, "block_kv": self.kv_cache.shape[1]}
+        return {"b": b, "next_n": t, "h": h, "d": d * (2 if self.q_scales is not None else 1),
+                "block_kv": self.kv_cache.shape[1]}
 
 
 def mqa_logits_kernel(call: MqaLogitsInputs) -> None:
     """Reference kernel of fp8_mqa_logits: the contract math, written into call.logits."""
-    k = call.kv.float() * call.kv_scales.float()[:, None]
-    full = mqa_logits_reference(call.q, k, call.weights, call.k_start, call.k_end)
+    if call.q_scales is not None:
+        q, k = dequantize_fp4_rows(call.q, call.q_scales), dequantize_fp4_rows(call.kv, call.kv_scales)
+    else:
+        q, k = call.q, call.kv.float() * call.kv_scales.float()[:, None]
+    full = mqa_logits_reference(q, k, call.weights, call.k_start, call.k_end)
     write_valid(call.logits, full, call.k_start, call.k_end, call.compressed)
 
 
@@ -165,8 +184,11 @@ def write_valid(logits: torch.Tensor, full: torch.Tensor, k_start: torch.Tensor,
 
 def paged_mqa_logits_kernel(call: PagedMqaLogitsInputs) -> None:
     """Reference kernel of fp8_paged_mqa_logits, written into call.logits (valid entries only)."""
-    kv = dequantize_indexer_cache(call.kv_cache)
-    full = paged_mqa_logits_reference(call.q, kv, call.weights, call.context_lens, call.block_table,
+    if call.q_scales is not None:
+        q, kv = dequantize_fp4_rows(call.q, call.q_scales), dequantize_indexer_cache_fp4(call.kv_cache)
+    else:
+        q, kv = call.q, dequantize_indexer_cache(call.kv_cache)
+    full = paged_mqa_logits_reference(q, kv, call.weights, call.context_lens, call.block_table,
                                       call.logits.shape[1])
     ends = call.context_lens.reshape(-1)
     write_valid(call.logits, full, torch.zeros_like(ends), ends, False)
@@ -185,16 +207,46 @@ def _fail(op: str, arg: str, given: Any, expected: str, fix: str) -> None:
 
 
 def unwrap_q(op: str, q: Any, dims: int) -> torch.Tensor:
-    if isinstance(q, tuple):
-        if len(q) != 2 or q[1] is not None:
-            _fail(op, "q", f"a tuple ({', '.join(describe(v) for v in q)})", "an fp8 tensor or (fp8 tensor, None)",
-                  "FP4 queries with scales are not provided; quantize q to float8_e4m3fn (scale folded into weights)")
-        q = q[0]
+    """The FP8 q of a call (a tensor or (tensor, None)); FP4 pairs are refused (see unwrap_any_q)."""
+    values, scales = unwrap_any_q(op, q, dims)
+    if scales is not None:
+        _fail(op, "q", "an FP4 pair", "an fp8 tensor or (fp8 tensor, None)", "pass FP8 queries here")
+    return values
+
+
+def unwrap_any_q(op: str, q: Any, dims: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(values, None) for an FP8 q — a float8_e4m3fn tensor or (it, None) — or (packed, words) for
+    DeepGEMM's FP4 pair (int8 [..., D/2], int32 [...]), checked."""
     shape = "[seq_len, heads, head_dim]" if dims == 3 else "[batch, next_n, heads, head_dim]"
+    if isinstance(q, tuple) and len(q) == 2 and q[1] is not None:
+        values, words = q
+        if not isinstance(values, torch.Tensor) or values.dtype not in FP4_DTYPES or values.dim() != dims \
+                or not values.is_contiguous():
+            _fail(op, "q", f"an FP4 pair with values {describe(values)}",
+                  f"contiguous int8 packed E2M1 {shape[:-10]}head_dim / 2]",
+                  "quantize q with deep_gemm.utils.per_token_cast_to_fp4(..., gran_k=32, use_packed_ue8m0=True)")
+        d = values.shape[-1] * 2
+        if d % FP4_INDEXER_BLOCK or d > FP4_MAX_HEAD_DIM:
+            _fail(op, "q", f"FP4 values of head dim {d}", f"a multiple of {FP4_INDEXER_BLOCK} up to {FP4_MAX_HEAD_DIM} "
+                  "(one int32 word of exponents per row)", "use head_dim 64 or 128 for FP4")
+        if not isinstance(words, torch.Tensor) or words.dtype != torch.int32 \
+                or tuple(words.shape) != tuple(values.shape[:-1]) or not words.is_contiguous():
+            _fail(op, "q", f"an FP4 pair with scales {describe(words)}",
+                  f"contiguous int32 {list(values.shape[:-1])} (packed UE8M0, one word per row)",
+                  "pass per_token_cast_to_fp4's packed scales viewed to the rows' shape")
+        if words.device != values.device:
+            _fail(op, "q", f"scales on {words.device}", f"on {values.device} like the values", "move them together")
+        return values, words
+    if isinstance(q, tuple):
+        if len(q) != 2:
+            _fail(op, "q", f"a tuple ({', '.join(describe(v) for v in q)})",
+                  "an fp8 tensor, (fp8 tensor, None) or an FP4 pair (int8 values, int32 scales)",
+                  "pass q as DeepGEMM does")
+        q = q[0]
     if not isinstance(q, torch.Tensor) or q.dtype != Q_DTYPE or q.dim() != dims or not q.is_contiguous():
         _fail(op, "q", describe(q), f"a contiguous float8_e4m3fn tensor {shape}",
               "quantize q with q.to(torch.float8_e4m3fn) (fold its scale into weights) and pass it contiguous")
-    return q
+    return q, None
 
 
 def _check_index(op: str, arg: str, t: Any, shape: tuple[int, ...], device: torch.device) -> None:
@@ -244,7 +296,8 @@ def fp8_mqa_logits(q: Any, kv: tuple[torch.Tensor, torch.Tensor], weights: torch
                    max_seqlen_k: int = 0, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Indexer logits of M queries against N keys (DeepGEMM `fp8_mqa_logits` / `fp8_fp4_mqa_logits`).
 
-    q: float8_e4m3fn [M, H, D] (or (q, None)); kv: (float8_e4m3fn [N, D], fp32 [N] scales);
+    q: float8_e4m3fn [M, H, D] (or (q, None)); kv: (float8_e4m3fn [N, D], fp32 [N] scales); or FP4
+    both: q (int8 [M, H, D/2], int32 [M, H]) and kv (int8 [N, D/2], int32 [N]) (module docstring);
     weights: fp32 [M, H] (bf16 only with bf16 logits); cu_seq_len_k_start / _end: int32 [M] with
     0 <= start[i] <= end[i] <= N; clean_logits: -inf outside each row's keys; max_seqlen_k: 0 for
     [M, N] logits, else the compressed width (>= every end[i] - start[i]; clean_logits False);
@@ -254,20 +307,23 @@ def fp8_mqa_logits(q: Any, kv: tuple[torch.Tensor, torch.Tensor], weights: torch
         return compiled_call("fp8_mqa_logits", q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits,
                              max_seqlen_k, logits_dtype)
     op = MQA_LOGITS.name
-    q = unwrap_q(op, q, 3)
+    q, q_scales = unwrap_any_q(op, q, 3)
+    fp4 = q_scales is not None
     m, heads, d = q.shape
     if not isinstance(kv, tuple) or len(kv) != 2:
-        _fail(op, "kv", describe(kv), "a pair (float8_e4m3fn [N, D], fp32 [N])",
+        _fail(op, "kv", describe(kv), "a pair (float8_e4m3fn [N, D], fp32 [N]) (FP4: (int8 [N, D/2], int32 [N]))",
               "quantize the keys per token: deep_gemm.per_custom_dims_cast_to_fp8(k, (0,), False)")
     keys, scales = kv
-    if not isinstance(keys, torch.Tensor) or keys.dtype != Q_DTYPE or keys.dim() != 2 or keys.shape[1] != d \
+    key_dtypes, key_name = (FP4_DTYPES, "int8 packed E2M1") if fp4 else ((Q_DTYPE,), "float8_e4m3fn")
+    if not isinstance(keys, torch.Tensor) or keys.dtype not in key_dtypes or keys.dim() != 2 or keys.shape[1] != d \
             or not keys.is_contiguous():
-        _fail(op, "kv", f"values {describe(keys)}", f"contiguous float8_e4m3fn [N, {d}] (q's head dim)",
-              "pass the FP8 keys [N, D] contiguous")
+        _fail(op, "kv", f"values {describe(keys)}", f"contiguous {key_name} [N, {d}] (q's {'packed ' if fp4 else ''}"
+              "head dim: FP4 q takes FP4 keys, FP8 q FP8 keys)", "quantize the keys like q and pass them contiguous")
     n = keys.shape[0]
-    if not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32 or tuple(scales.shape) != (n,) \
+    scale_dtype = torch.int32 if fp4 else torch.float32
+    if not isinstance(scales, torch.Tensor) or scales.dtype != scale_dtype or tuple(scales.shape) != (n,) \
             or not scales.is_contiguous():
-        _fail(op, "kv", f"scales {describe(scales)}", f"contiguous fp32 [{n}] (one per key)",
+        _fail(op, "kv", f"scales {describe(scales)}", f"contiguous {str(scale_dtype)[6:]} [{n}] (one per key)",
               "pass the per-token scales squeezed to [N]")
     for arg, t in (("kv", keys), ("kv", scales)):
         if t.device != q.device:
@@ -298,19 +354,21 @@ def fp8_mqa_logits(q: Any, kv: tuple[torch.Tensor, torch.Tensor], weights: torch
         logits.fill_(float("-inf"))
     if m and width:
         run(MQA_LOGITS, MqaLogitsInputs(q, keys, scales, weights, cu_seq_len_k_start, cu_seq_len_k_end, compressed,
-                                        logits))
+                                        logits, q_scales))
     return logits
 
 
-def _check_cache(op: str, kv_cache: Any, d: int, device: torch.device) -> tuple[int, int]:
+def _check_cache(op: str, kv_cache: Any, d: int, device: torch.device, fp4: bool = False) -> tuple[int, int]:
+    """d: q's last dim (the head dim, or half of it for packed FP4 q, whose cache has D/2 + 4 bytes)."""
+    what = "head dim / 2 of FP4" if fp4 else "head dim"
     try:
         indexer_cache_views(kv_cache)
     except LayoutConversionError as exc:
         _fail(op, "kv_cache", describe(kv_cache), f"a uint8 paged cache [blocks, block_kv, 1, {d} + 4] "
               "(layouts.indexer_cache)", f"build it with layouts.pack_indexer_cache ({exc})")
     if kv_cache.shape[3] != d + INDEXER_SCALE_BYTES:
-        _fail(op, "kv_cache", describe(kv_cache), f"{d + INDEXER_SCALE_BYTES} bytes per token (head dim {d} + 4)",
-              "use a cache built for q's head dim")
+        _fail(op, "kv_cache", describe(kv_cache), f"{d + INDEXER_SCALE_BYTES} bytes per token ({what} {d} + 4)",
+              "use a cache built for q's head dim (FP4 q reads the FP4 cache)")
     if kv_cache.device != device:
         _fail(op, "kv_cache", f"on {kv_cache.device}", f"on {device} like q", "move the cache to q's device")
     return kv_cache.shape[0], kv_cache.shape[1]
@@ -325,6 +383,7 @@ def fp8_paged_mqa_logits(q: Any, kv_cache: torch.Tensor, weights: torch.Tensor, 
     `fp8_paged_mqa_logits` / `fp8_fp4_paged_mqa_logits`).
 
     q: float8_e4m3fn [B, next_n, H, D] (or (q, None)); kv_cache: uint8 [blocks, block_kv, 1, D + 4];
+    or FP4 both: q (int8 [B, next_n, H, D/2], int32 [B, next_n, H]) and the FP4 cache [.., D/2 + 4];
     weights: fp32 [B·next_n, H]; context_lens: int32 [B, next_n] (row b·next_n + t sees keys
     j < context_lens[b, t] <= max_context_len); block_table: int32 [B, max_blocks], stride(1) == 1,
     entries < blocks for every block in use; schedule_meta: from get_paged_mqa_logits_metadata;
@@ -336,9 +395,9 @@ def fp8_paged_mqa_logits(q: Any, kv_cache: torch.Tensor, weights: torch.Tensor, 
         return compiled_call("fp8_paged_mqa_logits", q, kv_cache, weights, context_lens, block_table, schedule_meta,
                              max_context_len, clean_logits, logits_dtype, indices)
     op = PAGED_MQA_LOGITS.name
-    q = unwrap_q(op, q, 4)
+    q, q_scales = unwrap_any_q(op, q, 4)
     batch, next_n, heads, d = q.shape
-    num_blocks, block_kv = _check_cache(op, kv_cache, d, q.device)
+    num_blocks, block_kv = _check_cache(op, kv_cache, d, q.device, q_scales is not None)
     _check_weights(op, weights, batch * next_n, heads, logits_dtype, q.device)
     _check_index(op, "context_lens", context_lens, (batch, next_n), q.device)
     if not isinstance(block_table, torch.Tensor) or block_table.dtype != INDEX_DTYPE or block_table.dim() != 2 \
@@ -377,7 +436,7 @@ def fp8_paged_mqa_logits(q: Any, kv_cache: torch.Tensor, weights: torch.Tensor, 
         logits.fill_(float("-inf"))
     if batch and max_context_len:
         run(PAGED_MQA_LOGITS, PagedMqaLogitsInputs(q, kv_cache, weights, context_lens, block_table, schedule_meta,
-                                                   logits))
+                                                   logits, q_scales))
     return logits
 
 

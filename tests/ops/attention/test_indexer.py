@@ -6,7 +6,8 @@ import torch
 
 import portable_kernels as pk
 from portable_kernels import ContractError
-from portable_kernels.layouts import dequantize_indexer_cache, indexer_cache_views, quantize_indexer_keys
+from portable_kernels.layouts import (dequantize_indexer_cache, indexer_cache_views, quantize_fp4_rows,
+                                      quantize_indexer_keys)
 from portable_kernels.testing import CaseFailure, run_conformance
 from portable_kernels.testing.generators import randn
 from portable_kernels.testing.indexer_cases import (build_indexer_cache, check_logits, cp_ranges, paged_context_lens,
@@ -116,13 +117,24 @@ def test_checker_catches_a_broken_result(defect):
         check_logits(got, want, valid, True, 5e-6)
 
 
+def _fp4_pair(x):
+    packed, words = quantize_fp4_rows(x)
+    return packed.view(torch.int8), words
+
+
 def _bad_prefill_calls():
     q, kv, w, ks, ke = _prefill()
+    fp4_q = _fp4_pair(randn(6, 4, 32, seed=8))
+    fp4_kv = _fp4_pair(randn(20, 32, seed=9))
     late = ke.clone()
     late[1] = 21
     return {
         "q": lambda: pk.fp8_mqa_logits(q.float(), kv, w, ks, ke),
         "q fp4": lambda: pk.fp8_mqa_logits((q, torch.ones(6, 4)), kv, w, ks, ke),
+        "q fp4 scales": lambda: pk.fp8_mqa_logits((fp4_q[0], fp4_q[1][:, :2]), fp4_kv, w, ks, ke),
+        "q fp4 head dim": lambda: pk.fp8_mqa_logits((fp4_q[0][..., :8], fp4_q[1]), fp4_kv, w, ks, ke),
+        "kv fp8 with fp4 q": lambda: pk.fp8_mqa_logits(fp4_q, kv, w, ks, ke),
+        "kv fp4 with fp8 q": lambda: pk.fp8_mqa_logits(q, fp4_kv, w, ks, ke),
         "kv": lambda: pk.fp8_mqa_logits(q, (kv[0][:, :8], kv[1]), w, ks, ke),
         "kv scales": lambda: pk.fp8_mqa_logits(q, (kv[0], kv[1][:5]), w, ks, ke),
         "weights": lambda: pk.fp8_mqa_logits(q, kv, w.t(), ks, ke),
@@ -161,6 +173,9 @@ def _bad_paged_calls():
         "indices": lambda: pk.fp8_paged_mqa_logits(q, cache, w, lens, table, meta, 48,
                                                    indices=torch.tensor([0, 2], dtype=torch.int32)),
         "weights": lambda: pk.fp8_paged_mqa_logits(q, cache, w[:1], lens, table, meta, 48),
+        # FP4 q (packed: 16 bytes per row of 32) reads the FP4 cache of 16 + 4 bytes per token
+        "kv_cache fp8 with fp4 q": lambda: pk.fp8_paged_mqa_logits(_fp4_pair(q.float()), cache, w, lens, table, meta,
+                                                                   48),
     }
 
 
