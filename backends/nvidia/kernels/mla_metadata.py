@@ -5,7 +5,7 @@ Work line: batch i costs cost_i = ceil(L_i / BLOCK_N) key tiles plus FIXED_OVERH
 start-up and final write), laid end to end; part p takes the units [p·W, (p+1)·W) with
 W = ceil(total / P). A batch cut by a part boundary is computed by several parts ("splits") whose
 partial results the combine kernel merges; a batch inside one part is written directly. L_i is the
-sequence length (dense) or topk (sparse). P fills the GPU: SMs // (h_kv · query-row tiles).
+sequence length (dense) or topk (sparse). P fills the GPU: SMs // (V_SPLITS · h_kv · query-row tiles).
 
 tile_scheduler_metadata int32 [P, 8], per part:
   0 begin_batch, 1 begin_tile, 2 end_batch (inclusive), 3 end_tile (exclusive, in end_batch),
@@ -20,22 +20,25 @@ from __future__ import annotations
 import torch
 
 #: KV tokens per key tile of the decode kernel (FlashMLA's page block size)
-BLOCK_N = 64
-#: query rows (heads of one KV head, one query token) per decode program
-BLOCK_H = 32
-#: cost units of a batch's start-up and final write, in key tiles (FlashMLA uses 5)
-FIXED_OVERHEAD = 5
+#: KV tokens per key tile of the decode kernel (16: what fits the registers, docs/nvidia.md)
+BLOCK_N = 16
+#: query rows (heads of one KV head, one query token) per decode program: the MMA's M, 64 per warp group
+BLOCK_H = 128
+#: programs sharing one (part, head tile), each owning LATENT / V_SPLITS output channels
+V_SPLITS = 4
+#: cost units of a batch's start-up and final write, in key tiles (FlashMLA uses 5 of its 64-token blocks)
+FIXED_OVERHEAD = 5 * 64 // BLOCK_N
 #: fields per part
 META_FIELDS = 8
-#: "SMs" of the CPU emulation: small, so tests see batches split over several parts
-EMULATED_SMS = 8
+#: "SMs" of the CPU emulation: small, so tests see batches split over several parts (8 with one head tile)
+EMULATED_SMS = 8 * V_SPLITS
 
 
 def num_parts(device: torch.device, num_q_tokens_per_head_k: int, num_heads_k: int) -> int:
-    """Parts P: one decode program per (part, KV head, query-row tile) fills the SMs once."""
+    """Parts P: one decode program per (part, V split, KV head, query-row tile) fills the SMs once."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else EMULATED_SMS
     row_tiles = -(-num_q_tokens_per_head_k // BLOCK_H)
-    return max(1, sms // (num_heads_k * row_tiles))
+    return max(1, sms // (V_SPLITS * num_heads_k * row_tiles))
 
 
 def mla_schedule(work: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
