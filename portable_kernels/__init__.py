@@ -31,6 +31,7 @@ from .ops.gemm.grouped import (m_grouped_bf16_gemm_nt_contiguous,
                            m_grouped_fp8_gemm_nt_masked)
 from .ops.gemm.k_grouped import (k_grouped_bf16_gemm_tn_contiguous, k_grouped_fp8_gemm_nt_contiguous,
                              k_grouped_fp8_gemm_tn_contiguous)
+from .ops.gemm.hc_prenorm import tf32_hc_prenorm_gemm
 from .ops.attention.decode import MlaMetadata, flash_mla_with_kvcache, get_mla_metadata
 from .ops.attention.kv_cache import PreparedKVCache, allocate_kv_cache, write_kv_cache
 from .ops.attention.indexer import fp8_mqa_logits, fp8_paged_mqa_logits, get_paged_mqa_logits_metadata
@@ -67,7 +68,7 @@ __all__ = [
     "aux_fi", "group_count", "inplace_unique_group_indices", "map_to_physical_experts", "mask_indices_by_tp",
     "topk_gate", "topk_sum_and_topk_group_idx", "block_cast", "swiglu_forward",
     "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
-    "fp8_fp4_gemm_nt", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast",
+    "fp8_fp4_gemm_nt", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast", "tf32_hc_prenorm_gemm",
     "get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout",
     "set_mk_alignment_for_contiguous_layout", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked",

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .kernels import (bf16_gemm, cast_fp4, cast_fp8, fp8_fp4_gemm, fp8_gemm, grouped_contiguous,
+from .kernels import (bf16_gemm, cast_fp4, cast_fp8, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm,
                                         grouped_masked, mla_decode, mla_metadata, moe_expand, moe_gate, moe_reduce,
                                         mqa_logits, paged_mqa_logits, swiglu_cast, topk)
 
@@ -51,6 +51,11 @@ def gemm_specimens(all_configs: bool):
             _fp8(256, 256), torch.zeros(256, 1, dtype=torch.int32), torch.zeros(512, 128, dtype=torch.uint8),
             torch.zeros(512, 2, dtype=torch.int32), torch.empty(256, 512, dtype=torch.bfloat16),
             gran_a=(1, 128), gran_b=(1, 32), config=cfg))
+    for splits in (None, 16):  # DeepGEMM's shapes: N = 24, K = 7168
+        lead = () if splits is None else (splits,)
+        yield (None, f"hc_prenorm_gemm splits={splits}", lambda: hc_prenorm_gemm.tf32_hc_prenorm_gemm(
+            torch.zeros(256, 7168, dtype=torch.bfloat16), torch.zeros(24, 7168), torch.empty(*lead, 256, 24),
+            torch.empty(*lead, 256), splits))
     m_indices = torch.zeros(256, dtype=torch.int32)
     for index, cfg in pick(grouped_contiguous.CONFIGS):
         for psum in (False, True):

@@ -16,12 +16,15 @@ from ..ops.gemm import dense as pk_gemm
 from ..ops.gemm import transposed as pk_t
 from ..core.errors import ContractError, format_problem
 from ..ops.gemm.fp4 import fp8_fp4_gemm_nt as pk_fp8_fp4_gemm_nt
+# DeepGEMM's hyper-connection prenorm GEMM: the portable op has its signature and defaults as they are
+from ..ops.gemm.hc_prenorm import tf32_hc_prenorm_gemm
 from ..core.tensors import PreparedTensor, QuantTensor, describe
 from ._operands import PACKED_FP4, check_keywords, granularities, k_major_fp4, operand, stored, transposed
 
 __all__ = ["fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt", "fp8_gemm_nt", "fp8_gemm_nn",
            "fp8_gemm_tn", "fp8_gemm_tt", "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
-           "cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt", "fp8_gemm_nt_skip_head_mid"]
+           "cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt", "fp8_gemm_nt_skip_head_mid",
+           "tf32_hc_prenorm_gemm"]
 
 #: layout -> (A stored transposed, B stored as [K, N])
 LAYOUTS = {"nt": (False, False), "nn": (False, True), "tn": (True, True), "tt": (True, False)}

@@ -95,6 +95,12 @@ def _bf16_gemm(seed: int) -> Call:
     return (a, b, poison(3, 130, dtype=torch.float32), randn(3, 130, seed=seed + 2)), {}
 
 
+@case("tf32_hc_prenorm_gemm", "13x24x700, 3 splits")
+def _hc_prenorm(seed: int) -> Call:
+    a, b = randn(13, 700, seed=seed, dtype=torch.bfloat16), randn(24, 700, seed=seed + 1)
+    return (a, b, poison(3, 13, 24, dtype=torch.float32), poison(3, 13, dtype=torch.float32), 3), {}
+
+
 @case("fp8_fp4_gemm_nt", "prepared 7x130x320")
 def _fp8_fp4_gemm(seed: int) -> Call:
     x, w = randn(7, 320, seed=seed, dtype=torch.bfloat16), randn(130, 320, seed=seed + 1, dtype=torch.bfloat16)

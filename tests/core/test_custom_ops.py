@@ -49,7 +49,7 @@ MUTATED = {
     **{f"{kind}_gemm_{layout}": {"d"} for kind in ("fp8", "bf16") for layout in ("nn", "tn", "tt")},
     "m_grouped_fp8_fp4_gemm_nt_contiguous": {"d"}, "m_grouped_fp8_fp4_gemm_nt_masked": {"d"},
     "k_grouped_fp8_gemm_tn_contiguous": {"d"}, "k_grouped_fp8_gemm_nt_contiguous": {"d"},
-    "k_grouped_bf16_gemm_tn_contiguous": {"d"},
+    "k_grouped_bf16_gemm_tn_contiguous": {"d"}, "tf32_hc_prenorm_gemm": {"d", "sqr_sum"},
 }
 
 _BYTE_FLOATS = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu)
