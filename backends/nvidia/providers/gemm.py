@@ -1,6 +1,11 @@
-"""nvidia providers of the dense GEMMs (fp8_gemm_nt, bf16_gemm_{nt,nn,tn,tt}, fp8_fp4_gemm_nt): Triton
-kernels reading SM90/SM100 scales (the bf16 one any operand strides), torch._scaled_mm (cuBLASLt block
-scaling, Hopper) and DeepGEMM."""
+"""nvidia providers of the dense GEMMs (fp8_gemm_{nt,nn,tn,tt}, bf16_gemm_{nt,nn,tn,tt}, fp8_fp4_gemm_nt):
+Triton kernels reading SM90/SM100 scales (the bf16 one any operand strides), torch._scaled_mm (cuBLASLt
+block scaling, Hopper) and DeepGEMM.
+
+The FP8 nn/tn/tt GEMMs run the nt kernel: their operands arrive as the nt views of the stored
+transposes, and the SM90/SM100 Formats store an operand's data K-major with the scale storage of
+the nt orientation (layouts/nvidia.py: the encode copies a transposed view to K-major once, at
+ingest), so the nt kernel reads them as they lie."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from typing import Any
 import torch
 
 from portable_kernels.ops.gemm.dense import BF16_GEMM_NT, FP8_GEMM_NT, GemmInputs
-from portable_kernels.ops.gemm.transposed import BF16_CONTRACTS
+from portable_kernels.ops.gemm.transposed import BF16_CONTRACTS, FP8_CONTRACTS
 from portable_kernels.layouts import SM90
 from portable_kernels.ops.gemm.fp4 import FP8_FP4_GEMM_NT
 from portable_kernels.core.providers import Limit
@@ -34,6 +39,19 @@ def _fp8_reasons(call: GemmInputs) -> list[str]:
     if ga[1] != gb[1] or ga[1] not in GEMM_BLOCK_K:
         out.append(f"K granularities a {ga[1]}, b {gb[1]}: the kernel tiles K by one shared scale block in "
                    f"{GEMM_BLOCK_K}")
+    return out
+
+
+def _k_major(call: GemmInputs) -> tuple[bool, bool]:
+    return call.a.data.stride(-1) == 1, call.b.data.stride(-1) == 1
+
+
+def _fp8_transposed_reasons(call: GemmInputs) -> list[str]:
+    out = _fp8_reasons(call)
+    for arg, k_major in zip("ab", _k_major(call)):
+        if not k_major:  # only a hand-built PreparedTensor can hold MN-major data: the Formats store it K-major
+            out.append(f"{arg}'s data has strides {getattr(call, arg).data.stride()}, not K-major as the "
+                       f"{getattr(call, arg).format.name} Format stores it (build it with prepare_inputs)")
     return out
 
 
@@ -114,6 +132,11 @@ def register(registry: Registry) -> None:
     registry.kernel(FP8_GEMM_NT.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=quantized, dtypes=out,
                     devices=triton_devices(), check=_fp8_reasons,
                     doc="Triton, block-scaled fp8 reading SM90/SM100 scales in place")(_fp8_gemm)
+    for contract in FP8_CONTRACTS.values():
+        registry.kernel(contract.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=quantized, dtypes=out,
+                        devices=triton_devices(), check=_fp8_transposed_reasons, shape_class=_k_major,
+                        doc="Triton, the nt kernel on the K-major data and nt-oriented scales the Formats store")(
+                            _fp8_gemm)
     for contract in (BF16_GEMM_NT, *BF16_CONTRACTS.values()):
         registry.kernel(contract.name, BACKEND, TRITON, priority=TRITON_PRIORITY, dtypes=out,
                         devices=triton_devices(), check=triton_reasons,
