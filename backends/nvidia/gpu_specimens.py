@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .kernels import (bf16_gemm, cast_fp4, cast_fp8, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm,
+from .kernels import (bf16_gemm, cast_fp4, cast_fp8, cast_fp8_channel, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm,
                                         grouped_masked, mla_decode, mla_metadata, moe_expand, moe_gate, moe_reduce,
                                         mqa_logits, paged_mqa_logits, swiglu_cast, topk)
 
@@ -88,6 +88,10 @@ def cast_specimens(all_configs: bool):
         yield (None, f"cast_fp4 {form}", lambda: cast_fp4.cast_to_fp4(x, 32, True, form))
     yield (None, "cast_fp4 deep_gemm", lambda: cast_fp4.cast_to_fp4(x, 32, True, "sm100", convention="deep_gemm"))
     yield (None, "cast_fp8 token x*(1/sf)", lambda: cast_fp8.cast_to_fp8(x, (1, 128), False, "sm90", multiply_by_inverse=True))
+    weights = torch.zeros(2, 512, 384, dtype=torch.bfloat16)  # per channel: [G, K, N], scales per 128 rows of K
+    yield (None, "cast_fp8 channel ue8m0", lambda: cast_fp8_channel.per_channel_cast_to_fp8(weights, 128, True))
+    yield (None, "cast_fp8 channel x*(1/sf)", lambda: cast_fp8_channel.per_channel_cast_to_fp8(
+        weights, 128, False, multiply_by_inverse=True))
     yield (None, "swiglu_cast", lambda: swiglu_cast.swiglu_cast(
         x, 128, True, torch.zeros(64, dtype=torch.int32), torch.zeros(8, 8), torch.zeros(64, dtype=torch.int32),
         10.0, torch.zeros(3, dtype=torch.int64), "sm100"))

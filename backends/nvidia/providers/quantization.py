@@ -1,6 +1,7 @@
 """nvidia providers of the quantizers (per_token_cast_to_fp8, per_block_cast_to_fp8,
-per_token_cast_to_fp4, swiglu_forward_and_per_token_cast): Triton kernels that write the scales
-in the consumer's Format directly (PLAIN, SM90 or SM100), so `prepare_for=` converts nothing."""
+per_channel_cast_to_fp8, per_token_cast_to_fp4, swiglu_forward_and_per_token_cast): Triton kernels
+that write the scales in the consumer's Format directly (PLAIN, SM90 or SM100), so `prepare_for=`
+converts nothing (per-channel scales are PLAIN only: their consumers take no prepared form)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from portable_kernels.core.contract import checks_values
 from portable_kernels.ops.quant.fp4 import PER_TOKEN_CAST_FP4
 from portable_kernels.ops.swiglu import SWIGLU_CAST, SwigluCastInputs
 from portable_kernels.layouts import PLAIN, SM90, SM100
-from portable_kernels.ops.quant.fp8 import PER_BLOCK_CAST, PER_TOKEN_CAST, CastInputs, nonfinite_ue8m0_error
+from portable_kernels.ops.quant.fp8 import (PER_BLOCK_CAST, PER_CHANNEL_CAST, PER_TOKEN_CAST, CastInputs,
+                                            nonfinite_ue8m0_error)
 from portable_kernels.core.registry import Registry
 
 from ._common import BACKEND, SCALE_FORM, TRITON, TRITON_PRIORITY, kernel, triton_devices, triton_reasons
@@ -29,6 +31,14 @@ def _fp8_reasons(call: CastInputs) -> list[str]:
         out.append(f"block {call.granularity}: each edge must be at most {MAX_BLOCK}")
     if call.out_format is SM100 and not call.use_ue8m0:
         out.append("SM100 scales are exponents only: quantize with use_ue8m0=True")
+    return out
+
+
+def _channel_reasons(call: CastInputs) -> list[str]:
+    gk = call.granularity[0]  # per channel: (gran_k rows, 1 column)
+    out = triton_reasons(call)
+    if not 1 <= gk <= MAX_BLOCK:
+        out.append(f"gran_k {gk}: a block of at most {MAX_BLOCK} rows (one program holds it)")
     return out
 
 
@@ -62,6 +72,13 @@ def _fp8_cast(call: CastInputs) -> Any:
     return data, scale
 
 
+def _channel_cast(call: CastInputs) -> Any:
+    data, scale = kernel("cast_fp8_channel").per_channel_cast_to_fp8(
+        call.x, call.granularity[0], call.use_ue8m0, multiply_by_inverse=call.convention == "deep_gemm")
+    _refuse_unscalable(PER_CHANNEL_CAST.name, call.use_ue8m0, scale)
+    return data, scale
+
+
 def _fp4_cast(call: CastInputs) -> Any:
     return kernel("cast_fp4").cast_to_fp4(call.x, call.granularity[1], call.use_ue8m0, SCALE_FORM[call.out_format],
                                           call.convention)
@@ -89,6 +106,9 @@ def register(registry: Registry) -> None:
         registry.kernel(contract.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=formats,
                         devices=triton_devices(), check=_fp8_reasons,
                         doc="Triton, writes PLAIN/SM90/SM100 scales directly")(_fp8_cast)
+    registry.kernel(PER_CHANNEL_CAST.name, BACKEND, TRITON, priority=TRITON_PRIORITY,
+                    formats={"out_format": (PLAIN,)}, devices=triton_devices(), check=_channel_reasons,
+                    doc="Triton, one scale per (gran_k rows, 1 column), PLAIN scales")(_channel_cast)
     registry.kernel(PER_TOKEN_CAST_FP4.name, BACKEND, TRITON, priority=TRITON_PRIORITY, formats=formats,
                     devices=triton_devices(), check=_fp4_reasons,
                     doc="Triton, E2M1 in either convention, writes PLAIN/SM90/SM100 scales")(_fp4_cast)
