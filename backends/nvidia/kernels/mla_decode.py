@@ -32,7 +32,7 @@ import triton.language as tl
 from portable_kernels.layouts.constants import KV_LATENT_DIM, KV_ROPE_DIM, KV_ROPE_OFFSET, KV_SCALE_TILE
 
 from . import _checks
-from ._common import INTERPRET, dot, serialized, to_bf16, to_half
+from ._common import INTERPRET, dot, serialized, to_half
 from .mla_combine import mla_combine
 from .mla_metadata import BLOCK_H, BLOCK_N, META_FIELDS, V_SPLITS
 
@@ -63,8 +63,8 @@ def _load_latent(kv_ptr, base, ok, col0, WIDTH: tl.constexpr, FP8: tl.constexpr,
             tl.pointer_type(tl.float32))
         scale = tl.load(scale_ptr, mask=ok[:, None], other=0.0)
         e4m3 = raw.to(tl.float8e4nv, bitcast=True)
-        if INTERPRET:  # the interpreter has no direct e4m3 -> bf16 cast; fp32 is exact too
-            latent = to_bf16(e4m3.to(tl.float32) * scale[:, :, None], INTERPRET)
+        if INTERPRET:  # no direct e4m3 -> bf16 cast there; the fp32 product is the same (bf16-exact) value,
+            latent = e4m3.to(tl.float32) * scale[:, :, None]  # and interpreted dots take fp32 anyway
         else:
             latent = e4m3.to(tl.bfloat16) * scale.to(tl.bfloat16)[:, :, None]
         return tl.reshape(latent, (BLOCK_N, WIDTH))
