@@ -79,14 +79,17 @@ from .indexer_cache import (
     quantize_indexer_keys,
 )
 from .kv_cache import (
+    ASCEND_BF16_KV,
     ASCEND_FP8_KV,
     FLASHMLA_FP8_KV,
     KVCacheFormat,
     ascend_kv_to_flashmla,
     known_kv_cache_formats,
     kv_cache_format_named,
+    bf16_values_to_flashmla_kv,
     dequantize_fp8_kv_cache,
     flashmla_kv_to_ascend,
+    flashmla_kv_to_bf16_values,
     pack_fp8_kv_cache,
     unpack_fp8_kv_cache,
 )
@@ -220,6 +223,9 @@ __all__ = [
     "KVCacheFormat",
     "FLASHMLA_FP8_KV",
     "ASCEND_FP8_KV",
+    "ASCEND_BF16_KV",
+    "flashmla_kv_to_bf16_values",
+    "bf16_values_to_flashmla_kv",
     "kv_cache_format_named",
     "known_kv_cache_formats",
     "flashmla_kv_to_ascend",

@@ -21,9 +21,19 @@ same three parts in another order, [nope | rope | scales]; `flashmla_kv_to_ascen
     FlashMLA  [0, 512) nope | [512, 528) 4 fp32 scales | [528, 656) 64 bf16 rope
     Ascend    [0, 512) nope | [512, 640) 64 bf16 rope  | [640, 656) 4 fp32 scales
 
-A paged cache's byte order is a `KVCacheFormat` value (`FLASHMLA_FP8_KV`, `ASCEND_FP8_KV`): one
-frozen object per order, registered by name, whose `encode` takes FlashMLA's rows (the logical form,
-what the contract's reference reads) to its order and `decode` brings them back, bit for bit.
+A paged cache's byte order is a `KVCacheFormat` value (`FLASHMLA_FP8_KV`, `ASCEND_FP8_KV`,
+`ASCEND_BF16_KV`): one frozen object per order, registered by name, whose `encode` takes FlashMLA's
+rows (the logical form, what the contract's reference reads) to its storage and `decode` brings them
+back. The two 656-byte orders are byte moves (bit for bit both ways).
+
+Atlas A2/A3 have no FP8 datatype, and their KV-quant attention op takes int8 nope values only
+(torch_npu-npu_kv_quant_sparse_flash_attention.md, 约束说明: A2/A3 "参数key、value数据类型仅支持int8");
+an e4m3 tile times a power of two is not an int8 tile times one fp32 scale in general (e4m3 spans
+2^-9..448 within a tile, int8 covers 1..127), so an int8 cache would re-quantize, not convert.
+`ASCEND_BF16_KV` stores the rows' exact values instead, dequantized once (1152 bytes per token)::
+
+    FlashMLA  [0, 512) e4m3 nope | [512, 528) 4 fp32 scales | [528, 656) 64 bf16 rope   (uint8 [..., 656])
+    A2/A3     [0, 512) bf16 nope = e4m3 x scale (exact) | [512, 576) bf16 rope           (bf16 [..., 576])
 """
 
 from __future__ import annotations
@@ -61,6 +71,9 @@ __all__ = [
     "KVCacheFormat",
     "FLASHMLA_FP8_KV",
     "ASCEND_FP8_KV",
+    "ASCEND_BF16_KV",
+    "flashmla_kv_to_bf16_values",
+    "bf16_values_to_flashmla_kv",
     "kv_cache_format_named",
     "known_kv_cache_formats",
 ]
@@ -190,6 +203,42 @@ def ascend_kv_to_flashmla(packed: torch.Tensor) -> torch.Tensor:
     return _move_parts(packed, _ASCEND_PARTS, _FLASHMLA_PARTS)
 
 
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Elementwise equal, NaN matching NaN (FlashMLA's tests quantize NaN into unused slots)."""
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+def flashmla_kv_to_bf16_values(packed: torch.Tensor) -> torch.Tensor:
+    """FlashMLA 656-byte tokens uint8 `[..., 656]` -> their values bf16 `[..., 576]` (512 latent, 64 RoPE).
+
+    Exact for the format's power-of-two scales: an e4m3 value (4 significant bits) times 2^e fits
+    bf16 (8 bits, fp32's exponent range). A scale that is not a power of two would round the
+    product: LayoutConversionError instead. Example (the token of `pack_fp8_kv_cache`'s docstring):
+    values [448, 1, -2, 0.5, 0, ...] as bf16 bytes 0x43e0 0x3f80 0xc000 0x3f00, then rope[0] = 0x3f80.
+    """
+    values = dequantize_fp8_kv_cache(packed, torch.float32)
+    out = values.to(torch.bfloat16)
+    if not _same_values(out.float(), values):
+        raise LayoutConversionError("a latent scale is not a power of two, so its values do not fit bf16 exactly; "
+                                    "quantize the cache with pack_fp8_kv_cache (power-of-two scales)")
+    return out
+
+
+def bf16_values_to_flashmla_kv(values: torch.Tensor) -> torch.Tensor:
+    """bf16 `[..., 576]` values -> FlashMLA 656-byte tokens, quantized with the portable block rule.
+
+    Values that came from a FlashMLA row (e4m3 x sf, sf >= 2^-22 a power of two, as both scale rules
+    give) come back as the same values: the new scale sf' = ceil_pow2(max(amax, 1e-4) / 448) is
+    <= sf, so q' = q x sf / sf' only shifts exponents and stays within +-448. The bytes may differ
+    from the original row (a smaller tile scale, or FlashMLA's 2^-13 floor), the values do not.
+    Non-finite values raise LayoutConversionError (pack_fp8_kv_cache's rule).
+    """
+    require_dtype("values", values, (torch.bfloat16,), "pass the bf16 rows of an ASCEND_BF16_KV cache")
+    if values.dim() == 0 or values.shape[-1] != KV_HEAD_DIM:
+        raise LayoutConversionError(f"values must be bf16 [..., {KV_HEAD_DIM}], got shape {tuple(values.shape)}")
+    return pack_fp8_kv_cache(values[..., :KV_LATENT_DIM], values[..., KV_LATENT_DIM:].contiguous())
+
+
 # ---------------------------------------------------------------------------------------------
 # KV-cache Formats: the byte order of a paged FP8 cache, one value per order
 
@@ -201,20 +250,25 @@ def _same(packed: torch.Tensor) -> torch.Tensor:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class KVCacheFormat:
-    """The byte order of the 656-byte FP8 KV row. Compared by identity: one object per name.
+    """How a paged FP8 KV cache's rows are stored. Compared by identity: one object per name.
 
     name:   unique, e.g. "ascend-fp8-kv-nope-rope-scales"
     row:    the row's byte ranges in words, e.g. "[0, 512) nope | [512, 528) 4 fp32 scales | [528, 656) rope"
-    encode: FlashMLA-order rows uint8 [..., 656] -> rows in this order (same shape, new tensor unless
-            the order is FlashMLA's own)
-    decode: rows in this order -> FlashMLA-order rows (the inverse, bit for bit)
-    Every order holds the same three parts, so both are byte moves: exact, any leading shape.
+    encode: FlashMLA-order rows uint8 [..., 656] -> rows in this storage (a new tensor unless the
+            storage is FlashMLA's own)
+    decode: rows in this storage -> FlashMLA-order rows (the inverse: bit for bit for the 656-byte
+            orders; for a values storage the same values, re-quantized with the portable block rule)
+    dtype, width: a stored row is `dtype [..., width]` (uint8 656 for the byte orders)
+    holds_values: the rows are the dequantized values themselves (no scales): kernels read them as a
+            bf16 cache, the reference reads them as values
     """
 
     name: str
     row: str
     encode: Callable[[torch.Tensor], torch.Tensor] = dataclasses.field(repr=False)
     decode: Callable[[torch.Tensor], torch.Tensor] = dataclasses.field(repr=False)
+    dtype: torch.dtype = torch.uint8
+    width: int = KV_FP8_BYTES_PER_TOKEN
 
     def __post_init__(self) -> None:
         with _KV_LOCK:
@@ -222,21 +276,38 @@ class KVCacheFormat:
                 raise ValueError(f"a KV-cache Format named {self.name!r} is already defined")
             _KV_FORMATS[self.name] = self
 
-    def dequantize(self, packed: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """Rows in this order -> `[..., 576]` (512 latent, 64 RoPE) in bf16 or fp32, exact."""
-        return dequantize_fp8_kv_cache(self.decode(packed), dtype)
+    @property
+    def holds_values(self) -> bool:
+        return self.dtype != torch.uint8
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.width * torch.empty((), dtype=self.dtype).element_size()
+
+    def dequantize(self, rows: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Rows in this storage -> `[..., 576]` (512 latent, 64 RoPE) in bf16 or fp32, exact."""
+        if self.holds_values:
+            if dtype not in (torch.bfloat16, torch.float32):
+                raise LayoutConversionError(f"dtype must be bfloat16 or float32, got {dtype}")
+            return rows.to(dtype)
+        return dequantize_fp8_kv_cache(self.decode(rows), dtype)
+
+    def zeros(self, num_blocks: int, block_size: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """Zeroed pages [num_blocks, block_size, 1, width] of this storage (zero rows in every storage)."""
+        return torch.zeros(num_blocks, block_size, 1, self.width, dtype=self.dtype, device=device)
 
     def check(self, cache: torch.Tensor) -> str | None:
-        """None when `cache` is a paged uint8 [num_blocks, block_size, 1, 656] cache, else why not."""
-        if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8:
-            return f"the cache is {getattr(cache, 'dtype', type(cache).__name__)}, expected uint8"
-        if cache.dim() != 4 or cache.shape[2] != 1 or cache.shape[3] != KV_FP8_BYTES_PER_TOKEN:
-            return (f"the cache has shape {tuple(cache.shape)}, expected [num_blocks, block_size, 1, "
-                    f"{KV_FP8_BYTES_PER_TOKEN}]")
+        """None when `cache` is a paged [num_blocks, block_size, 1, width] cache of this storage, else why not."""
+        kind = str(self.dtype).replace("torch.", "")
+        if not isinstance(cache, torch.Tensor) or cache.dtype != self.dtype:
+            return f"the cache is {getattr(cache, 'dtype', type(cache).__name__)}, expected {kind}"
+        if cache.dim() != 4 or cache.shape[2] != 1 or cache.shape[3] != self.width:
+            return (f"the cache has shape {tuple(cache.shape)}, expected {kind} [num_blocks, block_size, 1, "
+                    f"{self.width}]")
         return None
 
     def describe(self) -> str:
-        return f"{self.name}: 656-byte FP8 KV row {self.row}"
+        return f"{self.name}: {self.bytes_per_token}-byte KV row {self.row}"
 
     def __str__(self) -> str:
         return self.name
@@ -281,4 +352,16 @@ ASCEND_FP8_KV = KVCacheFormat(
     row="[0, 512) e4m3 nope | [512, 640) 64 bf16 rope | [640, 656) 4 fp32 scales",
     encode=flashmla_kv_to_ascend,
     decode=ascend_kv_to_flashmla,
+)
+
+#: Atlas A2/A3's storage: the rows' exact values in bf16, dequantized once (1152 bytes per token). Their
+#: bf16 MLA ops (npu_fused_infer_attention_score, npu_sparse_flash_attention) read it as a bf16 cache;
+#: the int8 nope their KV-quant op takes cannot carry e4m3 (module docstring)
+ASCEND_BF16_KV = KVCacheFormat(
+    name="ascend-bf16-kv-values-nope-rope",
+    row="[0, 512) bf16 nope = e4m3 x scale (exact) | [512, 576) 64 bf16 rope (bf16 [..., 576], 1152 bytes)",
+    encode=flashmla_kv_to_bf16_values,
+    decode=bf16_values_to_flashmla_kv,
+    dtype=torch.bfloat16,
+    width=KV_HEAD_DIM,
 )

@@ -9,8 +9,9 @@ scales). Where quantized operands are stored (docs/ascend.md, *Byte formats at i
   scales="fp32": `PLAIN` (DeepGEMM's fp32 scales), read by npu_quant_matmul's G-B mode as is.
 - Atlas A2/A3 (no FP8): weights dequantized once at ingest, `ASCEND_BF16_VALUES` (exact for
   power-of-two scales) or with scales="fp32" `ASCEND_FP32_VALUES`; activations `PLAIN`.
-- The 656-byte FP8 KV cache (`kv_cache_format`): Ascend 950 `ASCEND_FP8_KV` (CANN's [nope | rope |
-  scales]); A2/A3 `FLASHMLA_FP8_KV` (read as bf16 per call: no exact int8 form).
+- The FP8 KV cache (`kv_cache_format`): Ascend 950 `ASCEND_FP8_KV` (CANN's 656-byte [nope | rope |
+  scales]); A2/A3 `ASCEND_BF16_KV` (the rows' exact bf16 values, dequantized once: their KV-quant op
+  takes int8 nope values, which cannot carry e4m3; their bf16 MLA ops read the values as they are).
 
 Providers: "torch_npu..." (torch_npu_providers.py) call the CANN operators torch_npu documents, per
 chip; they need torch_npu and NPU tensors (tests hand them a stand-in instead). The
@@ -25,7 +26,7 @@ from typing import Any, Mapping
 
 import torch
 from portable_kernels.layouts import (ASCEND_BF16_VALUES, ASCEND_FP8_KV, ASCEND_FP32_VALUES, ASCEND_MOE_ALIGNMENT,
-                                      ASCEND_MX_KMAJOR, FLASHMLA_FP8_KV, PLAIN, KVCacheFormat)
+                                      ASCEND_BF16_KV, ASCEND_MX_KMAJOR, PLAIN, KVCacheFormat)
 
 from portable_kernels.core.contract import QuantArg
 from portable_kernels.core.formats import Format
@@ -78,10 +79,12 @@ class AscendBackend(Backend):
         return (ASCEND_MX_KMAJOR, PLAIN, ASCEND_BF16_VALUES, ASCEND_FP32_VALUES)
 
     def kv_cache_format(self, options: Mapping[str, Any]) -> KVCacheFormat:
-        """950: CANN's row order; A2/A3 read FlashMLA's rows as bf16 (their KV-quant op takes int8 nope
-        values, which cannot carry e4m3 exactly), so their cache stays in FlashMLA's order."""
+        """950: CANN's 656-byte row order (npu_kv_quant_sparse_flash_attention reads it as is); A2/A3:
+        the rows' exact bf16 values (ASCEND_BF16_KV), which their bf16 MLA ops read as they are — their
+        KV-quant op takes int8 nope values only (torch_npu-npu_kv_quant_sparse_flash_attention.md 约束说明),
+        and int8 cannot carry e4m3 tiles, so that op is not used."""
         chip = options.get("soc") or runtime.detected_chip() or chips.DEFAULT_CHIP
-        return ASCEND_FP8_KV if chips.has_fp8(chip) else FLASHMLA_FP8_KV
+        return ASCEND_FP8_KV if chips.has_fp8(chip) else ASCEND_BF16_KV
 
 
 def register(registry: Registry) -> None:

@@ -18,7 +18,7 @@ import torch
 from portable_kernels.core.checks import checks_values
 from portable_kernels.core.errors import BackendUnavailableError
 from portable_kernels.ops.attention.decode import reject_bad_cache_references
-from portable_kernels.layouts import (ASCEND_FP8_KV, FLASHMLA_FP8_KV, ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX_KMAJOR, PLAIN,
+from portable_kernels.layouts import (ASCEND_BF16_KV, ASCEND_FP8_KV, ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX_KMAJOR, PLAIN,
                                       ascend_mx_kmajor_encode_from_blocks)
 from portable_kernels.ops.quant.fp8 import nonfinite_ue8m0_error
 from portable_kernels.core.registry import Registry, forced_backend
@@ -81,6 +81,8 @@ NOT_MAPPED = {
                                          "checked against this contract yet",
     "flash_mla_sparse_fwd": "npu_sparse_flash_attention serves sparse prefill, but its max_logits output and "
                             "attn_sink have not been mapped or checked against this contract yet",
+    "tf32_hc_prenorm_gemm": "no torch_npu op checked against this contract (A·Bᵀ in TF32 with the per-row sum of "
+                            "squares of each K split); not mapped yet",
     "flash_attn_varlen_func": "npu_fusion_attention takes varlen sequences, but the mapping (actual_seq_lengths, "
                               "the bottom-right causal mask) has not been written or checked yet",
 }
@@ -392,6 +394,14 @@ def _cann_rows(inputs: Any) -> list[str]:
             f"{getattr(inputs.k_cache_format, 'name', None)}"]
 
 
+def _bf16_rows(inputs: Any) -> list[str]:
+    """A2/A3's bf16 ops read bf16 rows: a bf16 cache, or the FP8 cache stored as its values."""
+    fmt = inputs.k_cache_format
+    if fmt is None or fmt is ASCEND_BF16_KV:
+        return []
+    return [f"this provider reads bf16 rows (a bf16 cache or {ASCEND_BF16_KV.name}), not a {fmt.name} cache"]
+
+
 def _bf16_cache(inputs: Any) -> list[str]:
     return [] if not inputs.is_fp8_kvcache else ["this provider reads a bf16 cache"]
 
@@ -403,7 +413,7 @@ def _mla(kind: str) -> Callable[[Any], None]:
             return
         npu = _npu()
         args = (call.q, call.k_cache)
-        fmt = call.k_cache_format or FLASHMLA_FP8_KV  # the cache's row order, as the op delivered it
+        fmt = call.k_cache_format  # the cache's Format, as the op delivered it (None: a bf16 cache)
         if kind == "fia":
             npu_mla.dense_decode_fused_infer(npu, *args, call.block_table, call.cache_seqlens, call.softmax_scale,
                                              call.causal, call.out, call.lse, cache_format=fmt)
@@ -423,15 +433,16 @@ def _register_mla(registry: Registry) -> None:
     heads_class = lambda i: i.q.shape[2]  # noqa: E731 - the shape the head checks look at
     kernel = registry.kernel
     kernel("flash_mla_with_kvcache", "ascend", PROVIDER + "-fia", priority=PRIORITY, devices=("npu", "cpu"),
-           limits=fia_limits, check=_on(A2A3, "npu_fused_infer_attention_score", _both(_dense_only, _heads("a2a3"))),
+           limits=fia_limits, check=_on(A2A3, "npu_fused_infer_attention_score", _both(_dense_only, _bf16_rows, _heads("a2a3"))),
            shape_class=heads_class,
-           doc="npu_fused_infer_attention_score MLA/TND, dense (Atlas A2/A3; FP8 cache read as bf16; lse from torch "
-               "ops: the doc excludes softmax_lse for D = 512)")(_mla("fia"))
+           doc="npu_fused_infer_attention_score MLA/TND, dense (Atlas A2/A3; the FP8 cache stored as its bf16 values, "
+               "ASCEND_BF16_KV; lse from torch ops: the doc excludes softmax_lse for D = 512)")(_mla("fia"))
     kernel("flash_mla_with_kvcache", "ascend", PROVIDER + "-sfa", priority=PRIORITY, devices=("npu", "cpu"),
            limits=sfa_limits,
-           check=_on(A2A3, "npu_sparse_flash_attention", _both(_sparse_only, _heads("a2a3"))),
+           check=_on(A2A3, "npu_sparse_flash_attention", _both(_sparse_only, _bf16_rows, _heads("a2a3"))),
            shape_class=heads_class,
-           doc="npu_sparse_flash_attention MLA-absorb, sparse (Atlas A2/A3; FP8 cache read as bf16)")(_mla("sfa"))
+           doc="npu_sparse_flash_attention MLA-absorb, sparse (Atlas A2/A3; the FP8 cache stored as its bf16 values, "
+               "ASCEND_BF16_KV)")(_mla("sfa"))
     kernel("flash_mla_with_kvcache", "ascend", PROVIDER + "-kvquant-sfa", priority=PRIORITY, devices=("npu", "cpu"),
            limits=kvq_limits,
            check=_on(("950",), "npu_kv_quant_sparse_flash_attention with float8_e4m3fn keys",

@@ -3,13 +3,17 @@
 Every call first gathers the cache tokens it reads into a compact paged cache shaped the way the
 CANN op wants it (one pass over the read set, never over the whole cache):
 
-- bf16 rows [nope 512 | rope 64] (FlashMLA's FP8 rows dequantized exactly: e4m3 x 2^e fits bf16),
-  split into the contiguous `key` / `key_rope` tensors the ops require;
+- bf16 rows [nope 512 | rope 64] as they are — a bf16 cache, or on Atlas A2/A3 the FP8 cache stored
+  as its exact values (`layouts.ASCEND_BF16_KV`, dequantized once by prepare_inputs or written so by
+  write_kv_cache) — split into the contiguous `key` / `key_rope` tensors the ops require;
 - or, on Ascend 950, the FP8 rows as they are: the cache is already in CANN's order
   [nope | rope | scales] (`layouts.ASCEND_FP8_KV`, converted once by prepare_inputs or written so by
-  write_kv_cache; a cache in FlashMLA's order is converted by the op before the provider, counted).
+  write_kv_cache).
+Nothing here converts a cache: one in another Format is converted by the op before the provider
+(counted by implicit_conversions()), and rows in the wrong storage raise ValueError.
 
-`cache_format` is the byte order of the FP8 cache handed in (the backend's `kv_cache_format`).
+`cache_format` is the KV-cache Format of the cache handed in (the backend's `kv_cache_format`; None
+for a bf16 cache).
 
 The compact cache gets identity block tables, so FlashMLA's absolute cache slots (sparse `indices`)
 become positions 0..L-1 of each batch's compact sequence, which is what CANN's indices are; -1
@@ -30,7 +34,7 @@ from typing import Any
 
 import torch
 
-from portable_kernels.layouts import ASCEND_FP8_KV, FLASHMLA_FP8_KV, KV_LATENT_DIM, KVCacheFormat
+from portable_kernels.layouts import ASCEND_FP8_KV, KV_LATENT_DIM, KVCacheFormat
 
 #: CANN's optimized rightDownCausal mask for sparse_mode 3: (2048, 2048), upper triangle masked
 CAUSAL_MASK_SIZE = 2048
@@ -58,16 +62,20 @@ def causal_mask(device: torch.device) -> torch.Tensor:
 # -- compact caches -------------------------------------------------------------------------------------
 
 def _rows(k_cache: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, form: str,
-          cache_format: KVCacheFormat) -> torch.Tensor:
-    """Cache rows at absolute `slots` in `form` ("bf16": [.., 576] bf16; "ascend-fp8": [.., 656] uint8 in
-    CANN's order, read as they are); invalid entries read slot 0 and are zeroed."""
+          cache_format: KVCacheFormat | None) -> torch.Tensor:
+    """Cache rows at absolute `slots` as they are stored ("bf16": [.., 576] bf16 rows — a bf16 cache or
+    ASCEND_BF16_KV; "ascend-fp8": [.., 656] uint8 in CANN's order); invalid entries read slot 0 and
+    are zeroed. Rows in another storage raise ValueError: the op converts before the provider."""
     if form == "ascend-fp8" and cache_format is not ASCEND_FP8_KV:
-        raise ValueError(f"the KV-quant op reads rows in {ASCEND_FP8_KV.name} order, got a {cache_format.name} "
-                         f"cache (flash_mla_with_kvcache converts the cache before the provider)")
+        raise ValueError(f"the KV-quant op reads rows in {ASCEND_FP8_KV.name} order, got a "
+                         f"{getattr(cache_format, 'name', 'bf16')} cache (flash_mla_with_kvcache converts the "
+                         f"cache before the provider)")
+    if form == "bf16" and (k_cache.dtype != torch.bfloat16 or not (cache_format is None or cache_format.holds_values)):
+        raise ValueError(f"the bf16 MLA ops read bf16 rows, got a {k_cache.dtype} "
+                         f"{getattr(cache_format, 'name', '')} cache (on Atlas A2/A3 the FP8 cache is stored as its "
+                         f"values, layouts.ASCEND_BF16_KV; flash_mla_with_kvcache converts before the provider)")
     flat = k_cache.reshape(k_cache.shape[0] * k_cache.shape[1], k_cache.shape[-1])
     rows = flat[torch.where(valid, slots, 0).long()]
-    if form != "ascend-fp8" and rows.dtype == torch.uint8:
-        rows = cache_format.dequantize(rows)
     return torch.where(valid[..., None], rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
 
 
@@ -82,7 +90,7 @@ def _paged(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def compact_dense(k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor, form: str,
-                  cache_format: KVCacheFormat = FLASHMLA_FP8_KV):
+                  cache_format: KVCacheFormat | None = None):
     """The tokens of every sequence, compacted: (cache, block_table, lengths int32 [b], rows [b, S, D])."""
     b, bs = cache_seqlens.shape[0], k_cache.shape[1]
     s_max = max(int(cache_seqlens.max()), 1) if b else 1
@@ -95,7 +103,7 @@ def compact_dense(k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlen
 
 
 def compact_sparse(k_cache: torch.Tensor, indices: torch.Tensor, form: str,
-                   cache_format: KVCacheFormat = FLASHMLA_FP8_KV):
+                   cache_format: KVCacheFormat | None = None):
     """The slots named by `indices` [b, s_q, topk], compacted per batch: (cache, block_table, lengths,
     positions int32 [b, s_q, 1, topk] valid-first, rows [b, s_q·topk, D], visible [b, s_q, topk])."""
     b, s_q, topk = indices.shape
@@ -178,7 +186,7 @@ def _sfa_fp8(npu, q, cache, table, lengths, positions, mode, scale):
 
 def sparse_decode(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
                   out: torch.Tensor, lse: torch.Tensor, fp8_op: bool,
-                  cache_format: KVCacheFormat = FLASHMLA_FP8_KV) -> None:
+                  cache_format: KVCacheFormat | None = None) -> None:
     """Sparse decode (FlashMLA's absolute-slot `indices` [b, s_q, topk]). fp8_op: Ascend 950's KV-quant op
     on a CANN-order FP8 cache (cache_format ASCEND_FP8_KV); else npu_sparse_flash_attention on bf16 rows."""
     form = "ascend-fp8" if fp8_op else "bf16"
@@ -192,7 +200,7 @@ def sparse_decode(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, indices: tor
 
 def dense_decode_as_sparse(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                            cache_seqlens: torch.Tensor, softmax_scale: float, causal: bool, out: torch.Tensor,
-                           lse: torch.Tensor, fp8_op: bool, cache_format: KVCacheFormat = FLASHMLA_FP8_KV) -> None:
+                           lse: torch.Tensor, fp8_op: bool, cache_format: KVCacheFormat | None = None) -> None:
     """Dense decode through a sparse op over every position 0..s_k-1 (sparse_mode 3 for causal)."""
     s_q = q.shape[1]
     form = "ascend-fp8" if fp8_op else "bf16"
@@ -207,7 +215,7 @@ def dense_decode_as_sparse(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, blo
 
 def dense_decode_fused_infer(npu: Any, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                              cache_seqlens: torch.Tensor, softmax_scale: float, causal: bool, out: torch.Tensor,
-                             lse: torch.Tensor, cache_format: KVCacheFormat = FLASHMLA_FP8_KV) -> None:
+                             lse: torch.Tensor, cache_format: KVCacheFormat | None = None) -> None:
     """Atlas A2/A3 dense decode through npu_fused_infer_attention_score (MLA, TND).
 
     lse does not come from the op: its MLA constraints for query D = 512 (every layout, TND

@@ -215,12 +215,14 @@ def flash_mla_with_kvcache_kernel(call: MlaDecodeInputs) -> None:
     reject_bad_cache_references(call)
     if call.out.numel() == 0:
         return
-    k_cache = call.k_cache
-    if call.k_cache_format is not None and call.k_cache_format is not FLASHMLA_FP8_KV:
-        k_cache = call.k_cache_format.decode(k_cache)  # the oracle reads the logical rows
+    k_cache, fp8_rows = call.k_cache, call.is_fp8_kvcache
+    fmt = call.k_cache_format
+    if fmt is not None and fmt.holds_values:
+        fp8_rows = False  # the rows are the FP8 cache's values already (exact): read them as such
+    elif fmt is not None and fmt is not FLASHMLA_FP8_KV:
+        k_cache = fmt.decode(k_cache)  # the oracle reads the logical rows
     o, s = mla_decode_reference(call.q, k_cache, call.block_table, call.cache_seqlens, call.head_dim_v,
-                                call.softmax_scale, call.causal, call.is_fp8_kvcache, call.indices,
-                                dtype=torch.float32)
+                                call.softmax_scale, call.causal, fp8_rows, call.indices, dtype=torch.float32)
     call.out.copy_(o)
     call.lse.copy_(s)
 
@@ -339,8 +341,19 @@ def _check_indices(op: str, indices: Any, k_cache: torch.Tensor, b: int, s_q: in
                                            "encode visibility in indices (-1 for hidden keys) and pass causal=False"))
 
 
-def _check_cache(op: str, q: torch.Tensor, k_cache: Any, is_fp8_kvcache: bool, arg: str = "k_cache") -> None:
+def _check_cache(op: str, q: torch.Tensor, k_cache: Any, is_fp8_kvcache: bool, arg: str = "k_cache",
+                 cache_format: KVCacheFormat | None = None) -> None:
     d, h_q = q.shape[3], q.shape[2]
+    if cache_format is not None and cache_format.holds_values:  # an FP8 cache stored as its exact values
+        problem = cache_format.check(k_cache)
+        if problem is not None or not is_fp8_kvcache or q.dtype != Q_DTYPE or d != KV_HEAD_DIM:
+            raise ContractError(format_problem(op, arg, f"a {cache_format.name} cache ({problem or 'rows ok'}) with "
+                                               f"is_fp8_kvcache={is_fp8_kvcache}, q {q.dtype} of head dim {d}",
+                                               f"its rows [num_blocks, block_size, 1, {cache_format.width}], "
+                                               f"is_fp8_kvcache=True, bf16 q of head dim {KV_HEAD_DIM}",
+                                               "pass the PreparedKVCache that allocate_kv_cache or prepare_inputs "
+                                               "returned, as for the 656-byte cache"))
+        return
     if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4 or k_cache.dtype not in (q.dtype, torch.uint8):
         raise ContractError(format_problem(op, arg, describe(k_cache),
                                            f"a 4-D [num_blocks, block_size, h_kv, d] tensor of q's dtype {q.dtype}, "
@@ -574,7 +587,7 @@ def _decode(q: torch.Tensor, k_cache: Any, block_table: Any, cache_seqlens: Any,
     if not is_int(head_dim_v) or head_dim_v != HEAD_DIM_V:
         raise ContractError(format_problem(op, "head_dim_v", describe(head_dim_v), HEAD_DIM_V,
                                            f"pass head_dim_v={HEAD_DIM_V} (V is K's latent part)"))
-    _check_cache(op, q, k_cache, is_fp8_kvcache, cache_arg)
+    _check_cache(op, q, k_cache, is_fp8_kvcache, cache_arg, cache_format)
     h_kv = k_cache.shape[2]
     dense = indices is None
     for arg, value in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):

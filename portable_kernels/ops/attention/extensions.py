@@ -105,8 +105,8 @@ def sparse_decode_with_extras(q: torch.Tensor, k_cache: Any, head_dim_v: Any, me
         k_cache, fmt = cache_bytes(k_cache)
         extra_tag = getattr(extra_k_cache, "backend", "cpu")
         extra_k_cache, extra_fmt = cache_bytes(extra_k_cache)
-        _check_cache(op, q, k_cache, True)
-        _check_cache(op, q, extra_k_cache, True, "extra_k_cache")
+        _check_cache(op, q, k_cache, True, cache_format=fmt)
+        _check_cache(op, q, extra_k_cache, True, "extra_k_cache", extra_fmt)
         if extra_fmt is not fmt:  # both caches' rows go into one joint cache: one order
             extra_k_cache = convert_cache_in_call(op, "extra_k_cache", extra_k_cache, extra_fmt, fmt, extra_tag)
         for cache, idx in ((k_cache, indices), (extra_k_cache, extra_indices)):

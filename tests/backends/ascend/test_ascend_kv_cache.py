@@ -10,10 +10,10 @@ from ascend_stub import make_stand_in
 from portable_kernels.backends.ascend.vendor import runtime
 from portable_kernels.core.dispatch import trace_providers
 from portable_kernels.flash_mla import quantize_k_cache
-from portable_kernels.layouts import ASCEND_FP8_KV, FLASHMLA_FP8_KV
+from portable_kernels.layouts import ASCEND_BF16_KV, ASCEND_FP8_KV, FLASHMLA_FP8_KV
 from portable_kernels.ops.attention.decode import HEAD_DIM_V, mla_decode_reference
 from portable_kernels.testing.generators import randn
-from portable_kernels.testing.mla_cases import build_paged_cache, check_decode, random_kv
+from portable_kernels.testing.mla_cases import build_paged_cache, check_decode, random_indices, random_kv
 
 OP = "flash_mla_with_kvcache"
 SCALE = 576 ** -0.5
@@ -99,7 +99,7 @@ def test_a_prepared_cache_selects_its_backend_by_its_tag():
     check_decode(out, lse, *_reference(q, paged))
 
 
-@pytest.mark.parametrize("soc,fmt", [("950", ASCEND_FP8_KV), ("910b", FLASHMLA_FP8_KV)])
+@pytest.mark.parametrize("soc,fmt", [("950", ASCEND_FP8_KV), ("910b", ASCEND_BF16_KV), ("910c", ASCEND_BF16_KV)])
 def test_written_pages_equal_a_converted_flashmla_cache(soc, fmt):
     kv = randn(2, 64, 1, 576, seed=7, dtype=torch.bfloat16)
     cache = pk.allocate_kv_cache(3, backend="ascend", options={"soc": soc})
@@ -112,11 +112,55 @@ def test_written_pages_equal_a_converted_flashmla_cache(soc, fmt):
     assert torch.equal(cache.data, fmt.encode(flashmla))
 
 
-def test_a2a3_keep_flashmla_rows_and_decode_with_no_conversion():
-    paged, q = _case(seed=8)
+@pytest.mark.parametrize("soc", ["910b", "910c"])
+def test_a2a3_prepare_stores_the_exact_values_once(soc):
+    paged, _ = _case(seed=8)
+    with pk.use_backend("ascend", soc=soc):
+        cache = pk.prepare_inputs(OP, k_cache=paged.k_cache)["k_cache"]
+    assert cache.format is ASCEND_BF16_KV and cache.data.dtype == torch.bfloat16
+    assert tuple(cache.data.shape) == (*paged.k_cache.shape[:3], 576)
+    # unused slots hold NaN (the conformance builder's trap): compare bit for bit
+    assert torch.equal(cache.data.view(torch.int16), FLASHMLA_FP8_KV.dequantize(paged.k_cache).view(torch.int16))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a2a3_decode_a_prepared_cache_converting_nothing(sparse):
+    paged, q = _case(seed=9)
     with runtime.use_stand_in(make_stand_in("910b")), pk.use_backend("ascend", soc="910b"):
         cache = pk.prepare_inputs(OP, k_cache=paged.k_cache)["k_cache"]
+        indices = random_indices(paged, 1, 32, seed=10)[0] if sparse else None
+        meta, splits = pk.get_mla_metadata(paged.cache_seqlens, 16, 1, num_heads_q=16 if sparse else None,
+                                           is_fp8_kvcache=True, topk=32 if sparse else None)
         with pk.count_implicit_conversions() as n, trace_providers() as ran:
-            out, lse = _decode(q, paged, cache)
-    assert cache.format is FLASHMLA_FP8_KV and n.count == 0 and ran[-1] == (OP, "ascend", "torch_npu-fia")
+            out, lse = pk.flash_mla_with_kvcache(q, cache, paged.block_table, paged.cache_seqlens, HEAD_DIM_V, meta,
+                                                 splits, is_fp8_kvcache=True, indices=indices)
+    assert n.count == 0
+    assert ran[-1] == (OP, "ascend", "torch_npu-sfa" if sparse else "torch_npu-fia")
+    check_decode(out, lse, *mla_decode_reference(q, paged.k_cache, paged.block_table, paged.cache_seqlens,
+                                                 HEAD_DIM_V, SCALE, False, True, indices, dtype=torch.float64))
+
+
+def test_a2a3_provider_receives_the_values_storage_as_is(monkeypatch):
+    # what the provider is handed: the prepared bf16 rows themselves (no copy, no repack before it)
+    from portable_kernels.backends.ascend.vendor import mla as npu_mla
+    paged, q = _case(seed=11)
+    seen, real = [], npu_mla.dense_decode_fused_infer
+
+    def spy(npu, q_, k_cache, *args, **kwargs):
+        seen.append((k_cache, kwargs.get("cache_format")))
+        return real(npu, q_, k_cache, *args, **kwargs)
+
+    monkeypatch.setattr(npu_mla, "dense_decode_fused_infer", spy)
+    with runtime.use_stand_in(make_stand_in("910b")), pk.use_backend("ascend", soc="910b"):
+        cache = pk.prepare_inputs(OP, k_cache=paged.k_cache)["k_cache"]
+        _decode(q, paged, cache)
+    assert len(seen) == 1 and seen[0][0] is cache.data and seen[0][1] is ASCEND_BF16_KV
+
+
+def test_a_flashmla_cache_on_a2a3_is_one_counted_conversion():
+    paged, q = _case(seed=12)
+    with runtime.use_stand_in(make_stand_in("910b")), pk.use_backend("ascend", soc="910b"):
+        with pk.count_implicit_conversions() as n, trace_providers() as ran:
+            out, lse = _decode(q, paged, paged.k_cache)
+    assert n.count == 1 and ran[-1] == (OP, "ascend", "torch_npu-fia")
     check_decode(out, lse, *_reference(q, paged))

@@ -11,7 +11,7 @@ import torch
 
 from ascend_stub import StandInError, make_stand_in
 from portable_kernels.backends.ascend.vendor import mla as npu_mla
-from portable_kernels.layouts import ASCEND_FP8_KV, ascend_kv_to_flashmla
+from portable_kernels.layouts import ASCEND_BF16_KV, ASCEND_FP8_KV, ascend_kv_to_flashmla
 from portable_kernels.ops.attention.decode import HEAD_DIM_V, mla_decode_reference
 from portable_kernels.testing.generators import poison, randn
 from portable_kernels.testing.mla_cases import build_paged_cache, check_decode, random_indices, random_kv
@@ -27,6 +27,11 @@ def _setup(lengths, s_q, h_q, block_size=64, fp8=False, seed=0):
     return paged, q, out, lse
 
 
+def _a2a3_cache(paged):
+    """The cache as the A2/A3 providers receive it: an FP8 cache as its exact bf16 values (ASCEND_BF16_KV)."""
+    return (ASCEND_BF16_KV.encode(paged.k_cache), ASCEND_BF16_KV) if paged.is_fp8 else (paged.k_cache, None)
+
+
 def _reference(q, paged, causal, indices=None):
     return mla_decode_reference(q, paged.k_cache, paged.block_table, paged.cache_seqlens, HEAD_DIM_V, SCALE, causal,
                                 paged.is_fp8, indices, dtype=torch.float64)
@@ -36,13 +41,14 @@ def _reference(q, paged, causal, indices=None):
     ((70, 0, 1, 130), 1, 16, False, False),
     ((90, 64, 2), 2, 8, True, False),        # 2 keys and 2 queries: stays on FIA
     ((3, 90), 4, 4, True, False),            # 3 keys < 4 queries: FIA too (the block rule is int8-output only)
-    ((65, 0, 17), 1, 16, False, True),       # the FP8 cache, dequantized to bf16 while compacting
+    ((65, 0, 17), 1, 16, False, True),       # the FP8 cache, stored as its exact bf16 values (ASCEND_BF16_KV)
 ])
 def test_dense_fia_on_a2_a3(lengths, s_q, h_q, causal, fp8):
     npu = make_stand_in("910b")
     paged, q, out, lse = _setup(lengths, s_q, h_q, fp8=fp8, seed=len(lengths))
-    npu_mla.dense_decode_fused_infer(npu, q, paged.k_cache, paged.block_table, paged.cache_seqlens, SCALE, causal,
-                                     out, lse)
+    cache, fmt = _a2a3_cache(paged)
+    npu_mla.dense_decode_fused_infer(npu, q, cache, paged.block_table, paged.cache_seqlens, SCALE, causal,
+                                     out, lse, cache_format=fmt)
     check_decode(out, lse, *_reference(q, paged, causal))
     assert npu.calls == ["npu_fused_infer_attention_score"]
 
@@ -70,11 +76,12 @@ def test_fia_is_not_documented_on_950():
 
 @pytest.mark.parametrize("soc", ["910b", "950"])
 def test_sparse_bf16_reads_only_the_indexed_slots(soc):
-    # A2/A3 read the FP8 cache as bf16 (dequantized exactly while compacting); 950 takes bf16 too
+    # the FP8 cache's exact bf16 values (A2/A3's KV-cache Format); 950 takes bf16 rows too
     npu = make_stand_in(soc)
     paged, q, out, lse = _setup((100, 0, 7), 2, 16, block_size=16, fp8=True, seed=5)
     indices = random_indices(paged, 2, 32, seed=6)[0]
-    npu_mla.sparse_decode(npu, q, paged.k_cache, indices, SCALE, out, lse, fp8_op=False)
+    cache, fmt = _a2a3_cache(paged)
+    npu_mla.sparse_decode(npu, q, cache, indices, SCALE, out, lse, fp8_op=False, cache_format=fmt)
     check_decode(out, lse, *_reference(q, paged, False, indices))
     assert npu.calls == ["npu_sparse_flash_attention"]
 
@@ -126,11 +133,31 @@ def test_valid_first_keeps_order_and_moves_invalid_to_the_end():
     assert npu_mla.valid_first(idx).flatten().tolist() == [5, 3, 9, -1, -1]
 
 
+def _pair(cache_and_format, indices):
+    cache, fmt = cache_and_format
+    return cache, indices, "bf16", fmt
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_bf16_ops_refuse_flashmla_rows_instead_of_dequantizing_them_per_call(sparse):
+    # the A2/A3 providers convert no cache: 656-byte rows reach them only by a bug, and raise
+    npu = make_stand_in("910b")
+    paged, q, out, lse = _setup((20,), 1, 16, block_size=16, fp8=True)
+    with pytest.raises(ValueError, match="bf16 rows"):
+        if sparse:
+            npu_mla.sparse_decode(npu, q, paged.k_cache, random_indices(paged, 1, 8, seed=1)[0], SCALE, out, lse,
+                                  fp8_op=False)
+        else:
+            npu_mla.dense_decode_fused_infer(npu, q, paged.k_cache, paged.block_table, paged.cache_seqlens, SCALE,
+                                             False, out, lse)
+    assert npu.calls == []
+
+
 def test_sparse_op_refuses_invalid_indices_before_valid_ones():
     npu = make_stand_in("910b")
     paged, q, _, _ = _setup((40,), 1, 16, block_size=16, fp8=True)
     indices = random_indices(paged, 1, 4, seed=3, invalid_fraction=0.0)[0]
-    cache, table, lengths, _, _, _ = npu_mla.compact_sparse(paged.k_cache, indices, "bf16")
+    cache, table, lengths, _, _, _ = npu_mla.compact_sparse(*_pair(_a2a3_cache(paged), indices))
     bad = torch.tensor([[[[-1, 3, 1, 0]]]], dtype=torch.int32)
     with pytest.raises(StandInError, match="valid indices must come first"):
         npu_mla._sfa_bf16(npu, q, cache, table, lengths, bad, 0, SCALE)
