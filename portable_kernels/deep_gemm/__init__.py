@@ -10,6 +10,7 @@ is left out, and why: docs/porting.md.
 from . import attention, layout, testing, utils
 from .attention import *  # noqa: F401,F403
 from .attention import __all__ as _attention_names
+from .einsum import einsum, fp8_einsum
 from .gemm import *  # noqa: F401,F403
 from .gemm import __all__ as _gemm_names
 from .grouped import *  # noqa: F401,F403
@@ -22,6 +23,6 @@ from .utils import __all__ as _utils_names
 #: the DeepGEMM release whose public API this drop-in follows
 __version__ = "2.6.1"
 
-__all__ = [*_attention_names, *_gemm_names, "attention", *_grouped_names, *_utils_names, "get_num_sms", "get_pdl", "get_tc_util", "layout",
+__all__ = [*_attention_names, *_gemm_names, "attention", "einsum", "fp8_einsum", *_grouped_names, *_utils_names, "get_num_sms", "get_pdl", "get_tc_util", "layout",
            "set_block_size_multiple_of", "set_ignore_compile_dims", "set_num_sms", "set_pdl", "set_tc_util",
            "testing", "utils"]
