@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .kernels import (bf16_gemm, cast_fp4, cast_fp8, cast_fp8_channel, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm,
+from .kernels import (bf16_gemm, cast_fp4, cast_fp8, cast_fp8_channel, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm, k_grouped,
                                         grouped_masked, mla_decode, mla_metadata, moe_expand, moe_gate, moe_reduce,
                                         mqa_logits, paged_mqa_logits, swiglu_cast, topk)
 
@@ -78,6 +78,20 @@ def gemm_specimens(all_configs: bool):
         yield (index, "grouped_masked bf16", lambda: grouped_masked.m_grouped_gemm_nt_masked(
             torch.zeros(2, 128, 256, dtype=torch.bfloat16), torch.zeros(2, 512, 256, dtype=torch.bfloat16),
             torch.empty(2, 128, 512), torch.zeros(2, dtype=torch.int32), 64, config=cfg))
+    ks = torch.tensor([256, 256], dtype=torch.int32)  # K-grouped: G = 2 groups of 256 rows, d [2, 256, 512]
+    for index, cfg in pick(k_grouped.FP8_CONFIGS):
+        for psum in (False, True):
+            layout = torch.tensor([256, 512], dtype=torch.int32) if psum else ks
+            yield (index, f"k_grouped fp8 tn psum={psum}", lambda: k_grouped.k_grouped_gemm(
+                _fp8(512, 256), _fp8(512, 512), torch.empty(2, 256, 512), layout, torch.zeros(2, 256, 512),
+                layout="tn", sfa=torch.zeros(4, 256), sfb=torch.zeros(4, 512), use_psum_layout=psum, config=cfg))
+        yield (index, "k_grouped fp8 nt", lambda: k_grouped.k_grouped_gemm(
+            _fp8(512 * 256), _fp8(512 * 512), torch.empty(2, 256, 512), ks, layout="nt", ks=(256, 256),
+            sfa=torch.zeros(4, 256).T, sfb=torch.zeros(4, 512).T, config=cfg))
+    for index, cfg in pick(k_grouped.CONFIGS):
+        yield (index, "k_grouped bf16 tn", lambda: k_grouped.k_grouped_gemm(
+            torch.zeros(512, 256, dtype=torch.bfloat16), torch.zeros(512, 512, dtype=torch.bfloat16),
+            torch.empty(2, 256, 512), ks, torch.zeros(2, 256, 512), layout="tn", config=cfg))
 
 
 def cast_specimens(all_configs: bool):

@@ -24,7 +24,8 @@ EXPECTED_TENSOR_CORE = {"sm90": WGMMA, "sm100": TCGEN05}
 #: kernels whose tl.dot must run on the arch's own tensor cores
 DOT_KERNELS = frozenset({"fp8_gemm_nt_kernel", "bf16_gemm_nt_kernel", "fp8_fp4_gemm_nt_kernel",
                          "grouped_contiguous_kernel", "grouped_masked_kernel", "mla_decode_kernel",
-                         "mqa_logits_kernel", "paged_mqa_logits_kernel", "hc_prenorm_gemm_kernel"})
+                         "mqa_logits_kernel", "paged_mqa_logits_kernel", "hc_prenorm_gemm_kernel",
+                         "k_grouped_kernel"})
 #: kernels bound by memory bandwidth, whose widest global load the report shows
 MEMORY_BOUND_KERNELS = frozenset({"cast_fp8_kernel", "cast_fp8_channel_kernel", "cast_fp4_kernel", "swiglu_cast_kernel", "mla_decode_kernel",
                                   "mla_combine_kernel", "topk_kernel", "paged_mqa_logits_kernel", "moe_gate_kernel",
