@@ -5,8 +5,8 @@ anything lossy raises LayoutConversionError. Modules: `ue8m0` (exponent-only sca
 `fp8_scales` (SM90 / SM100 / Ascend MX scale layouts), `fp4` (E2M1 codes and nibble packing),
 `nz` (Ascend FRACTAL_NZ tiles), `moe` (grouped-GEMM row layouts), `kv_cache` (FlashMLA FP8 cache), `indexer_cache` (DeepGEMM's paged FP8 indexer-key cache);
 `format` (the `Format` value and `PLAIN`), `nvidia` (`SM90`, `SM100`) and `ascend` (`ASCEND_MX_KMAJOR`,
-`ASCEND_MX`, `ASCEND_MX_NZ`, `ASCEND_BF16_VALUES`, `ASCEND_FP32_VALUES`): one Format object per operand
-byte format, composed from the functions above.
+`ASCEND_MX`, `ASCEND_MX_NZ`, `ASCEND_BF16_VALUES`, `ASCEND_FP32_VALUES`; `ascend_nz`: `ASCEND_BF16_VALUES_NZ`,
+stored FRACTAL_NZ on an NPU): one Format object per operand byte format, composed from the functions above.
 """
 
 from .ascend import (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX, ASCEND_MX_KMAJOR, ASCEND_MX_NZ,
@@ -78,6 +78,7 @@ from .indexer_cache import (
     quantize_fp4_rows,
     quantize_indexer_keys,
 )
+from .ascend_nz import ASCEND_BF16_VALUES_NZ, NPU_FORMAT_FRACTAL_NZ, NPU_FORMAT_ND, NZ_FORMATS, nz_storage
 from .kv_cache import (
     ASCEND_BF16_KV,
     ASCEND_FP8_KV,
@@ -151,6 +152,11 @@ __all__ = [
     "quantize_indexer_keys",
     # formats
     "ASCEND_BF16_VALUES",
+    "ASCEND_BF16_VALUES_NZ",
+    "NPU_FORMAT_ND",
+    "NPU_FORMAT_FRACTAL_NZ",
+    "NZ_FORMATS",
+    "nz_storage",
     "ASCEND_FP32_VALUES",
     "ASCEND_MX",
     "ASCEND_MX_KMAJOR",

@@ -50,6 +50,7 @@ def encode_operand(op: str, arg: str, backend: Backend, fmt: Format, options: di
         data, scale, storage_granularity = accelerated_encode(fmt, qt) or fmt.encode(qt)
     except LayoutConversionError as exc:
         raise LayoutError(f"{op}: argument '{arg}' cannot be stored as {backend.name}:{fmt.name}: {exc}") from exc
+    data = backend.place_encoded(fmt, data)  # e.g. ascend: FRACTAL_NZ on an NPU, once, here
     return PreparedTensor.unchecked(data, scale, fmt, backend.name, tuple(qt.shape), tuple(qt.granularity),
                                     tuple(storage_granularity), qt.ue8m0 or fmt.requires_pow2, qt.element,
                                     backend_params(backend, options))

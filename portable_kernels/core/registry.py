@@ -76,6 +76,11 @@ class Backend:
         """Every Format `format_for` may answer (for doctor and validation)."""
         return (PLAIN,)
 
+    def place_encoded(self, fmt: Format, data: torch.Tensor) -> torch.Tensor:
+        """The encoded data of a `fmt` operand as this backend's device kernels read it, once at ingest
+        (e.g. a device-private tile format the device's matmul prefers). Default: as encoded."""
+        return data
+
     def kv_cache_format(self, options: Mapping[str, Any]) -> KVCacheFormat:
         """The byte order its decode kernels read the 656-byte FP8 KV cache in. Default: FlashMLA's."""
         return FLASHMLA_FP8_KV

@@ -240,7 +240,8 @@ STORAGE_GRANULARITIES = [(1, 128), (128, 128), (1, 32)]
 
 IN_TREE_FORMATS = {fmt.name: fmt for fmt in (pk.PLAIN, pk.layouts.SM90, pk.layouts.SM100, pk.layouts.ASCEND_MX,
                                                pk.layouts.ASCEND_MX_NZ, pk.layouts.ASCEND_MX_KMAJOR,
-                                               pk.layouts.ASCEND_BF16_VALUES, pk.layouts.ASCEND_FP32_VALUES)}
+                                               pk.layouts.ASCEND_BF16_VALUES, pk.layouts.ASCEND_BF16_VALUES_NZ,
+                                               pk.layouts.ASCEND_FP32_VALUES)}
 
 
 def test_every_in_tree_format_is_checked() -> None:

@@ -17,7 +17,7 @@ from portable_kernels.ops.quant.fp8 import dequantized
 from portable_kernels.core.tensors import QuantTensor
 
 #: Formats whose encode may refuse an operand by design (values not exact in their storage dtype)
-MAY_REFUSE = {"ascend-dequantized-bf16"}
+MAY_REFUSE = {"ascend-dequantized-bf16", "ascend-dequantized-bf16+npu-nz"}
 
 
 def _fp8_codes(shape: tuple[int, ...], seed: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 from portable_kernels.core.checks import checks_values
 from portable_kernels.core.errors import BackendUnavailableError
 from portable_kernels.ops.attention.decode import reject_bad_cache_references
-from portable_kernels.layouts import (ASCEND_BF16_KV, ASCEND_FP8_KV, ASCEND_BF16_VALUES, ASCEND_FP32_VALUES, ASCEND_MX_KMAJOR, PLAIN,
+from portable_kernels.layouts import (ASCEND_BF16_KV, ASCEND_FP8_KV, ASCEND_BF16_VALUES, ASCEND_BF16_VALUES_NZ, ASCEND_FP32_VALUES, ASCEND_MX_KMAJOR, PLAIN,
                                       ascend_mx_kmajor_encode_from_blocks)
 from portable_kernels.ops.quant.fp8 import nonfinite_ue8m0_error
 from portable_kernels.core.registry import Registry, forced_backend
@@ -165,7 +165,7 @@ def _exact_bf16(inputs: Any) -> list[str]:
     reasons = []
     if a.granularity[0] != 1:
         reasons.append(f"activation scales must be per row (1, gran_k), got {a.granularity}")
-    if b.format is ASCEND_BF16_VALUES and not a.ue8m0:
+    if b.format in (ASCEND_BF16_VALUES, ASCEND_BF16_VALUES_NZ) and not a.ue8m0:
         reasons.append("the activation's scales are not powers of two, so its bf16 values would round; quantize "
                        "it with use_ue8m0=True, or prepare the weights with scales='fp32'")
     return reasons
@@ -197,7 +197,7 @@ def _register_gemm(registry: Registry) -> None:
            shape_class=lambda i: (_gran(i.a), _gran(i.b)),
            doc="npu_quant_matmul G-B (group_sizes [1,128,128], fp32 scales as quantized; Ascend 950)")(_gb_gemm)
     kernel("fp8_gemm_nt", "ascend", PROVIDER + "-dequantized", priority=PRIORITY,
-           formats={"a": (PLAIN,), "b": (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES)},
+           formats={"a": (PLAIN,), "b": (ASCEND_BF16_VALUES_NZ, ASCEND_BF16_VALUES, ASCEND_FP32_VALUES)},
            dtypes={"d": (torch.bfloat16, torch.float32)}, devices=("npu", "cpu"),
            check=_on(A2A3, "the dequantized-weight matmul", _exact_bf16),
            shape_class=lambda i: (_gran(i.a), i.a.ue8m0),
@@ -260,7 +260,7 @@ def _register_grouped(registry: Registry) -> None:
                         doc="npu_grouped_matmul MX (e8m0 K-major pairs, bf16 / fp32 out; Ascend 950: "
                             "aclnnGroupedMatmulV5, no torch_npu page)")(_grouped(groups, "mx"))
         registry.kernel(fp8_op, "ascend", PROVIDER + "-dequantized", priority=PRIORITY,
-                        formats={"a": (PLAIN,), "b": (ASCEND_BF16_VALUES, ASCEND_FP32_VALUES)},
+                        formats={"a": (PLAIN,), "b": (ASCEND_BF16_VALUES_NZ, ASCEND_BF16_VALUES, ASCEND_FP32_VALUES)},
                         dtypes={"d": (torch.bfloat16,)}, devices=("npu", "cpu"), limits=a2a3_limits,
                         check=_on(A2A3, "npu_grouped_matmul on dequantized weights", _exact_bf16),
                         shape_class=lambda i: (_gran(i.a), i.a.ue8m0),

@@ -106,7 +106,7 @@ def test_a_prepared_operand_remembers_its_chip():
     b = pk.per_block_cast_to_fp8(randn(64, 256, seed=3), use_ue8m0=True)
     with pk.use_backend("ascend", soc="910c"):
         prepared = pk.prepare_inputs(pk.fp8_gemm_nt, b=b)["b"]
-    assert dict(prepared.params)["soc"] == "910c" and prepared.format.name == "ascend-dequantized-bf16"
+    assert dict(prepared.params)["soc"] == "910c" and prepared.format.name == "ascend-dequantized-bf16+npu-nz"
     assert prepared.data.dtype == torch.bfloat16 and torch.equal(prepared.data.float(), pk.dequantize(b))
 
 

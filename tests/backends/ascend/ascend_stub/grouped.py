@@ -23,6 +23,10 @@ MAX_GROUPS_A2A3 = 1024
 INNER_LIMIT_A2A3 = 65536
 
 
+#: torch_npu's ACL_FORMAT_FRACTAL_NZ
+FRACTAL_NZ = 29
+
+
 class GroupedMatmul:
     def __init__(self, owner) -> None:
         self.owner = owner
@@ -53,6 +57,8 @@ class GroupedMatmul:
             require(k < INNER_LIMIT_A2A3 and (k if w_t else n) < INNER_LIMIT_A2A3,
                     f"npu_grouped_matmul: Atlas A2/A3 last dimensions must be < InnerLimit {INNER_LIMIT_A2A3}")
         counts = self._counts(group_list, group_list_type, g, m)
+        if self.owner.get_npu_format(w) == FRACTAL_NZ:
+            self._check_nz_weight(a, w)
         if a.dtype in (torch.bfloat16, torch.float32):
             require(w.dtype == a.dtype and scale is None and per_token_scale is None,
                     "npu_grouped_matmul: the non-quantized form takes a weight of x's dtype and no scales")
@@ -73,6 +79,16 @@ class GroupedMatmul:
             out[start:start + count] = da[start:start + count] @ dw[group]
             start += count
         return [out.to(output_dtype or a.dtype)]
+
+    def _check_nz_weight(self, a, w) -> None:
+        """A FRACTAL_NZ weight routes to aclnnGroupedMatmulWeightNz (op-plugin GroupedMatmulKernelNpuOpApi.cpp);
+        its 约束说明: A2/A3 非量化 x / weight FLOAT16 or BFLOAT16 (the int8 / int4 quantized forms are not
+        modelled here); Ascend 950 weight FLOAT16 / BFLOAT16 / FLOAT4_E2M1 / INT4 only (no FP8, no FLOAT32)."""
+        self.owner.record("npu_grouped_matmul[weight FRACTAL_NZ: aclnnGroupedMatmulWeightNz]")
+        require(w.dtype in (torch.bfloat16, torch.float16) and a.dtype == w.dtype,
+                f"npu_grouped_matmul: a FRACTAL_NZ weight takes FLOAT16 / BFLOAT16 x and weight here "
+                f"(aclnnGroupedMatmulWeightNz 约束说明; {'Ascend 950: no FP8 / FLOAT32 weight' if self.owner.chip == '950' else 'A2/A3 非量化'}), "
+                f"got x {a.dtype}, weight {w.dtype}")
 
     def _counts(self, group_list, group_list_type, g, m) -> torch.Tensor:
         require(isinstance(group_list, torch.Tensor) and group_list.dtype == torch.int64 and group_list.dim() == 1,

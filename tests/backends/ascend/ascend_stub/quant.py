@@ -52,6 +52,8 @@ class QuantMatmul:
         m, k = x1.shape
         require(x2.shape[0] == k, f"npu_quant_matmul: x2 must be (k, n) with k = {k}, got {tuple(x2.shape)}")
         n = x2.shape[1]
+        require(self.owner.get_npu_format(x2) != 29,
+                "npu_quant_matmul: FLOAT8 x2 must be ND (aclnnQuantMatmulV5 参数说明, Ascend 950PR/950DT: x2仅支持ND格式)")
         x2_t = transposed_last_two(x2)
         require(x2_t or x2.is_contiguous(), "npu_quant_matmul: x2 must be contiguous (k, n) or a transposed (n, k)")
         # no K / N bound: aclnnQuantMatmulV5's Ascend 950 constraints state none (the 65535 of the torch_npu
