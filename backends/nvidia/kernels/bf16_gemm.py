@@ -22,13 +22,20 @@ OP = "bf16_gemm_nt"
 @triton.jit
 def bf16_gemm_nt_kernel(a_ptr, b_ptr, d_ptr, c_ptr, M, N, K, M_BUCKET, stride_am, stride_ak, stride_bn, stride_bk,
                         stride_dm, stride_cm, stride_cn, A_K_MAJOR: tl.constexpr, B_K_MAJOR: tl.constexpr,
-                        HAS_C: tl.constexpr, OUT_BF16: tl.constexpr,
+                        A_M_MAJOR: tl.constexpr, B_N_MAJOR: tl.constexpr, HAS_C: tl.constexpr, OUT_BF16: tl.constexpr,
                         INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    if A_K_MAJOR:  # a compile-time unit stride: contiguous K loads
+    # a compile-time unit stride: contiguous (vector, cp.async) loads along K or, for a stored
+    # transpose, along M / N; a runtime unit stride leaves them scalar (840 B of spills on sm90 at
+    # 128x256). Not for the 16-row mma.sync tile: its transposed operand layout spills kilobytes
+    if A_K_MAJOR:
         stride_ak = 1
+    elif A_M_MAJOR and BLOCK_M >= 64:
+        stride_am = 1
     if B_K_MAJOR:
         stride_bk = 1
+    elif B_N_MAJOR and BLOCK_M >= 64:
+        stride_bn = 1
     pid_m, pid_n = tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -47,8 +54,8 @@ CONFIGS = [
     triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 1}, num_warps=4, num_stages=5),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
 ]
-_tuned = autotuned(bf16_gemm_nt_kernel, CONFIGS, key=["M_BUCKET", "N", "K", "A_K_MAJOR", "B_K_MAJOR", "HAS_C",
-                                                     "OUT_BF16"])
+_tuned = autotuned(bf16_gemm_nt_kernel, CONFIGS, key=["M_BUCKET", "N", "K", "A_K_MAJOR", "B_K_MAJOR", "A_M_MAJOR",
+                                                     "B_N_MAJOR", "HAS_C", "OUT_BF16"])
 
 
 @serialized
@@ -69,7 +76,8 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     c_arg = c if c is not None else d
     args = (a, b, d, c_arg, m, n, k, m_bucket(m), a.stride(0), a.stride(1), b.stride(0), b.stride(1), d.stride(0),
             c_arg.stride(0), c_arg.stride(1))
-    constants = dict(A_K_MAJOR=a.stride(1) == 1, B_K_MAJOR=b.stride(1) == 1, HAS_C=c is not None,
+    constants = dict(A_K_MAJOR=a.stride(1) == 1, B_K_MAJOR=b.stride(1) == 1, A_M_MAJOR=a.stride(0) == 1,
+                     B_N_MAJOR=b.stride(0) == 1, HAS_C=c is not None,
                      OUT_BF16=d.dtype == torch.bfloat16, INTERPRET=INTERPRET)
 
     def grid(meta):
