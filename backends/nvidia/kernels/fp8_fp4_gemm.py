@@ -39,9 +39,15 @@ def fp8_fp4_gemm_nt_kernel(a_ptr, b_ptr, d_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, 
                            stride_am, stride_bn, stride_dm, stride_cm, stride_cn,
                            sa_stride_mn, sa_stride_k, sb_stride_mn, sb_stride_k,
                            SA_GRAN_K: tl.constexpr, SB_GRAN_K: tl.constexpr, SA_PACKED: tl.constexpr,
-                           SB_PACKED: tl.constexpr, BLOCK_K: tl.constexpr, HAS_C: tl.constexpr,
-                           OUT_BF16: tl.constexpr, INTERPRET: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+                           SB_PACKED: tl.constexpr, SA_MN_UNIT: tl.constexpr, SB_MN_UNIT: tl.constexpr,
+                           BLOCK_K: tl.constexpr, HAS_C: tl.constexpr, OUT_BF16: tl.constexpr,
+                           INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           GROUP_M: tl.constexpr):
+    # MN-major scales with a compile-time unit stride load as vectors (as in fp8_gemm)
+    if SA_MN_UNIT:
+        sa_stride_mn = 1
+    if SB_MN_UNIT:
+        sb_stride_mn = 1
     pid_m, pid_n = tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -74,7 +80,8 @@ CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
 ]
 _tuned = autotuned(fp8_fp4_gemm_nt_kernel, CONFIGS, key=["M_BUCKET", "N", "K", "SA_GRAN_K", "SB_GRAN_K",
-                                                         "SA_PACKED", "SB_PACKED", "HAS_C", "OUT_BF16"])
+                                                         "SA_PACKED", "SB_PACKED", "SA_MN_UNIT", "SB_MN_UNIT",
+                                                         "HAS_C", "OUT_BF16"])
 
 
 @serialized
@@ -108,7 +115,8 @@ def fp8_fp4_gemm_nt(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: to
     args = (a, b.view(torch.uint8), d, c_arg, sfa, sfb, m, n, k, m_bucket(m), a.stride(0), b.stride(0), d.stride(0),
             c_arg.stride(0), c_arg.stride(1), sfa.stride(0), sfa.stride(1), sfb.stride(0), sfb.stride(1))
     constants = dict(SA_GRAN_K=gran_a[1], SB_GRAN_K=gran_b[1], SA_PACKED=sfa.dtype == torch.int32,
-                     SB_PACKED=sfb.dtype == torch.int32, BLOCK_K=min(gran_a[1], gran_b[1]), HAS_C=c is not None,
+                     SB_PACKED=sfb.dtype == torch.int32, SA_MN_UNIT=sfa.stride(0) == 1,
+                     SB_MN_UNIT=sfb.stride(0) == 1, BLOCK_K=min(gran_a[1], gran_b[1]), HAS_C=c is not None,
                      OUT_BF16=d.dtype == torch.bfloat16, INTERPRET=INTERPRET)
 
     def grid(meta):

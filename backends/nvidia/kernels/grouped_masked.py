@@ -22,8 +22,14 @@ def grouped_masked_kernel(a_ptr, b_ptr, d_ptr, masked_m_ptr, sa_ptr, sb_ptr, MAX
                           stride_ag, stride_am, stride_bg, stride_bn, stride_dg, stride_dm,
                           sa_stride_g, sa_stride_mn, sa_stride_k, sb_stride_g, sb_stride_mn, sb_stride_k,
                           SB_GRAN_N: tl.constexpr, IS_FP8: tl.constexpr, SA_PACKED: tl.constexpr,
-                          SB_PACKED: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_K: tl.constexpr,
-                          INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                          SB_PACKED: tl.constexpr, SA_MN_UNIT: tl.constexpr, SB_MN_UNIT: tl.constexpr,
+                          OUT_BF16: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # MN-major scales with a compile-time unit stride load as vectors (as in fp8_gemm)
+    if SA_MN_UNIT:
+        sa_stride_mn = 1
+    if SB_MN_UNIT:
+        sb_stride_mn = 1
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     group = tl.program_id(2)
@@ -49,7 +55,8 @@ CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=4),
 ]
 _tuned = autotuned(grouped_masked_kernel, CONFIGS, key=["EXPECTED_M_BUCKET", "MAX_M", "N", "K", "IS_FP8",
-                                                        "SA_PACKED", "SB_PACKED", "OUT_BF16"])
+                                                        "SA_PACKED", "SB_PACKED", "SA_MN_UNIT", "SB_MN_UNIT",
+                                                        "OUT_BF16"])
 
 
 @serialized
@@ -89,6 +96,7 @@ def m_grouped_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, 
             b.stride(0), b.stride(1), d.stride(0), d.stride(1), *sa_strides, *sb_strides)
     constants = dict(SB_GRAN_N=gran_b[0] if is_fp8 else 1, IS_FP8=is_fp8,
                      SA_PACKED=is_fp8 and sa.dtype == torch.int32, SB_PACKED=is_fp8 and sb.dtype == torch.int32,
+                     SA_MN_UNIT=is_fp8 and sa_strides[1] == 1, SB_MN_UNIT=is_fp8 and sb_strides[1] == 1,
                      OUT_BF16=d.dtype == torch.bfloat16, BLOCK_K=gran_a[1] if is_fp8 else 64, INTERPRET=INTERPRET)
 
     def grid(meta):

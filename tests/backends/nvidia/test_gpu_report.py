@@ -22,12 +22,10 @@ ARCHS = ("sm90", "sm100")
 KNOWN_VIOLATIONS = (
     ("grouped_contiguous fp8 psum=False", "grouped_contiguous_kernel", "sm90", "spill", 16),
     ("grouped_contiguous fp8 psum=True", "grouped_contiguous_kernel", "sm90", "spill", 8),
-    ("grouped_masked fp8 sm100", "grouped_masked_kernel", "sm90", "spill", 88),
     ("cast_fp4 deep_gemm", "cast_fp4_kernel", "sm90", "spill", 8),
     ("fp8_fp4_gemm", "fp8_fp4_gemm_nt_kernel", "sm100", "spill", 304),
     ("grouped_contiguous fp8 psum=False", "grouped_contiguous_kernel", "sm100", "spill", 176),
     ("grouped_contiguous fp8 psum=True", "grouped_contiguous_kernel", "sm100", "spill", 184),
-    ("grouped_masked fp8 sm100", "grouped_masked_kernel", "sm100", "spill", 392),
     ("cast_fp4 deep_gemm", "cast_fp4_kernel", "sm100", "spill", 8),
 )
 
