@@ -73,7 +73,11 @@ def fp8_fp4_gemm_nt_kernel(a_ptr, b_ptr, d_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K, 
                HAS_C, OUT_BF16, INTERPRET)
 
 
+#: the first, the default for M > 64: on sm100 a 128-row tile's column scales sit in the accumulator's
+#: layout (BLOCK_N / 2 per thread on 8 warps), and with K-major scale words each is a scalar load, so
+#: 128x128 spills 304 B there (none with MN-major words); 128x64 fits both archs and both forms
 CONFIGS = [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "GROUP_M": 8}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "GROUP_M": 8}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 1}, num_warps=4, num_stages=4),
