@@ -12,7 +12,7 @@ Sections, in order (each prints its wall time):
    as `doctor` sees it;
 2. conformance of every op on npu tensors, scales "ue8m0" and "fp32", the providers column naming the
    provider that ran each case (torch_npu... or layout-reference);
-3. byte identity: every Format of the backend (and both KV-cache Formats, and `nd_to_nz`) encoded from
+3. byte identity: every Format of the backend (and the three KV-cache Formats, and `nd_to_nz`) encoded from
    npu tensors equals the CPU encoding byte for byte;
 4. MC2 row order: `row_order_self_test` at 2 ranks over HCCL (needs 2 NPUs and an A2/A3), the one
    undocumented assumption of the MC2 engine;
@@ -152,7 +152,7 @@ def conformance(run: Run, quick: bool) -> list[str]:
 # -- 3. byte identity ---------------------------------------------------------------------------------------
 
 def byte_identity(run: Run) -> list[str]:
-    from portable_kernels.layouts import ASCEND_FP8_KV, FLASHMLA_FP8_KV, nd_to_nz, pack_fp8_kv_cache
+    from portable_kernels.layouts import ASCEND_BF16_KV, ASCEND_FP8_KV, FLASHMLA_FP8_KV, nd_to_nz, pack_fp8_kv_cache
     problems = []
     where = "cpu vs cpu (dry run: plumbing only)" if run.dry else f"{run.device} vs cpu"
     gen = torch.Generator().manual_seed(0)
@@ -174,7 +174,7 @@ def byte_identity(run: Run) -> list[str]:
     latent = torch.randn(4, 64, 1, 512, generator=gen)
     rope = torch.randn(4, 64, 1, 64, generator=gen).bfloat16()
     rows = pack_fp8_kv_cache(latent, rope)
-    for fmt in (FLASHMLA_FP8_KV, ASCEND_FP8_KV):
+    for fmt in (FLASHMLA_FP8_KV, ASCEND_FP8_KV, ASCEND_BF16_KV):
         same = torch.equal(fmt.encode(rows.to(run.device)).cpu(), fmt.encode(rows))
         say(f"{fmt.name:40s} (KV cache): {where}: {'identical' if same else 'DIFFERENT'}")
         if not same:
@@ -182,7 +182,8 @@ def byte_identity(run: Run) -> list[str]:
     weight = (torch.randn(256, 512, generator=gen) / 8).to(torch.float8_e4m3fn)
     same = torch.equal(_bytes(nd_to_nz(weight.to(run.device)).cpu()), _bytes(nd_to_nz(weight)))
     say(f"{'layouts.nd_to_nz (FRACTAL_NZ bytes)':40s}: {where}: {'identical' if same else 'DIFFERENT'} "
-        f"(not used at ingest: weights stay ND; see docs/ascend.md)")
+        f"(layouts.nz_storage's bytes; on A2/A3 prepare_inputs casts bf16 weights with npu_format_cast(x, 29), "
+        f"whose result is checked by the conformance above, not byte by byte: .cpu() of an NZ tensor reads it as ND)")
     if not same:
         problems.append(f"nd_to_nz on {run.device} differs from the CPU bytes")
     return problems
