@@ -83,8 +83,8 @@ def emulated_body(rank, num_ranks, group, path, ids, backend, x):
     pk.reset_implicit_conversions()
     with pk.use_backend(model.backend, **model.options):
         decode = moe(x, True)
-    return {"decode": decode, "tokens": model.generate(ids, 3), "conversions": pk.implicit_conversions(),
-            "low_latency_calls": moe.ep.low_latency_calls}
+    return {"decode": decode, "tokens": model.generate(ids, 3), "logits": model.logits(ids),
+            "conversions": pk.implicit_conversions(), "low_latency_calls": moe.ep.low_latency_calls}
 
 
 @pytest.mark.parametrize("backend", ["nvidia:arch=sm90", "ascend:soc=950"])
@@ -97,14 +97,18 @@ def test_decode_steps_take_the_low_latency_pair_on_emulated_backends(checkpoints
     x = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(5)).bfloat16()
     with pk.use_backend(model.backend, **model.options):
         decode = model.layers[1].mlp(x, True)
-    tokens = model.generate(ids, 3)
+    logits = model.logits(ids)
     outcomes = run_ranks(2, emulated_body, (str(path), ids, backend, x), timeout_s=300)
     assert all(o.ok for o in outcomes), "\n".join(o.describe() for o in outcomes)
     for o in outcomes:
         assert o.value["conversions"] == 0
         # moe(x, True), then 2 decode steps through every MoE layer
         assert o.value["low_latency_calls"] == 1 + 2 * sum(hasattr(layer.mlp, "w13") for layer in model.layers)
-        assert torch.equal(o.value["decode"], decode) and torch.equal(o.value["tokens"], tokens)
+        assert torch.equal(o.value["decode"], decode)
+        # the prefill's normal combine rounds each rank's partial sum to bf16, so the tokens after it
+        # may flip at near ties (seen on sm90 emulation in a full run): the logits agree within the bound
+        assert pk.calc_diff(o.value["logits"], logits) < LOGITS_BOUND
+        assert torch.equal(o.value["tokens"], outcomes[0].value["tokens"])
 
 
 def test_expert_parallel_refuses_a_group_that_does_not_split_the_experts(checkpoints):
