@@ -52,7 +52,8 @@ def test_each_backend_tags_its_own_format():
                        ("nvidia", "sm90"): "sm90-fp32-mn-major-tma",
                        ("nvidia", "sm100"): "sm100-ue8m0-int32-mn-major-tma",
                        ("ascend", None): "ascend-mx-ue8m0-kmajor-pairs",  # Ascend 950 by default in emulation
-                       ("ascend", "910b"): "ascend-dequantized-bf16"}
+                       # A2/A3: the exact bf16 values, cast to FRACTAL_NZ at ingest on an NPU (ascend_nz)
+                       ("ascend", "910b"): "ascend-dequantized-bf16+npu-nz"}
 
 
 def test_scale_bytes_differ_as_the_formats_say():
@@ -203,7 +204,7 @@ def test_grouped_gemms_give_identical_results_on_every_format():
         ran_masked.append(_provider_of(lambda: pk.m_grouped_fp8_gemm_nt_masked(pm["a"], pm["b"], dm, masked_m,
                                                                                 expected_m=64)))
         masked.append(dm)
-    assert {"ascend-mx-ue8m0-kmajor-pairs", "ascend-dequantized-bf16"} <= formats and len(formats) == 5
+    assert {"ascend-mx-ue8m0-kmajor-pairs", "ascend-dequantized-bf16+npu-nz"} <= formats and len(formats) == 5
     assert torch.isfinite(contiguous[0]).all()
     _assert_same_math(contiguous, ran_contiguous)
     _assert_same_math(masked, ran_masked)
