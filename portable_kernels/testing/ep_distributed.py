@@ -61,8 +61,12 @@ def _entry(rank: int, num_ranks: int, port: int, backend: str, target: Callable[
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_ranks,
-                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_ranks,
+                                timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    except BaseException as exc:  # e.g. the free port taken before rank 0's store bound it: the parent retries
+        torch.save({"init_error": f"{type(exc).__name__}: {exc}"}, os.path.join(out_dir, f"rank{rank}.pt"))
+        os._exit(INIT_FAILED)
     result: dict[str, Any]
     start = time.perf_counter()
     try:
@@ -88,7 +92,23 @@ def _context() -> Any:
 
 def run_ranks(num_ranks: int, target: Callable[..., Any], args: Sequence[Any] = (), *, backend: str = "gloo",
               timeout_s: float = 120.0, threads: int = 1) -> list[RankOutcome]:
-    """Run target(rank, num_ranks, group, *args) on num_ranks spawned processes; see the module docstring."""
+    """Run target(rank, num_ranks, group, *args) on num_ranks spawned processes; see the module docstring.
+    A run in which a rank could not join the group (its port was taken between free_port() and the
+    store's bind) is started again on a fresh port, up to INIT_ATTEMPTS times."""
+    for attempt in range(INIT_ATTEMPTS):
+        outcomes, init_failed = _run_once(num_ranks, target, args, backend, timeout_s, threads)
+        if not init_failed:
+            break
+    return outcomes
+
+
+#: exit code of a rank whose init_process_group raised, and how many times run_ranks starts a group
+INIT_FAILED = 3
+INIT_ATTEMPTS = 3
+
+
+def _run_once(num_ranks: int, target: Callable[..., Any], args: Sequence[Any], backend: str, timeout_s: float,
+              threads: int) -> tuple[list[RankOutcome], bool]:
     ctx = _context()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="pk-ep-") as out_dir:
@@ -108,9 +128,11 @@ def run_ranks(num_ranks: int, target: Callable[..., Any], args: Sequence[Any] = 
                 continue
             path = os.path.join(out_dir, f"rank{r}.pt")
             saved = torch.load(path, weights_only=False) if os.path.exists(path) else {}
+            if "init_error" in saved:
+                saved = {"error_type": "InitError", "error": saved["init_error"]}
             outcomes.append(RankOutcome(r, p.exitcode, saved.get("value"), saved.get("error_type"),
                                         saved.get("error"), saved.get("seconds")))
-        return outcomes
+        return outcomes, any(o.exitcode == INIT_FAILED for o in outcomes)
 
 
 def exec_blocks(rank: int, num_ranks: int, group: Any, blocks: Sequence[str], name: str) -> bool:
