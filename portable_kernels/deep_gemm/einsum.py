@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..core.alignment import get_m_alignment_for_contiguous_layout
-from ..core.errors import ContractError, format_problem
+from ..core.checks import check_tensor, fail as _fail
 from ..core.tensors import describe
 from ..ops.gemm import dense as pk_dense
 from ..ops.gemm import grouped as pk_grouped
@@ -40,14 +40,8 @@ FP8_EXPRS = ("bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr")
 SCALE_BLOCK = 128
 
 
-def _fail(op: str, arg: str, given: Any, expected: str, fix: str) -> None:
-    raise ContractError(format_problem(op, arg, given, expected, fix))
-
-
 def _check(op: str, arg: str, t: Any, dtypes: tuple[torch.dtype, ...], dims: int) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor) or t.dtype not in dtypes or t.dim() != dims:
-        names = " or ".join(str(d)[6:] for d in dtypes)
-        _fail(op, arg, describe(t), f"a {dims}-D {names} tensor", f"pass {arg} as the expression names it")
+    check_tensor(op, arg, t, dtypes, (None,) * dims, fix=f"pass {arg} as the expression names it")
     return t
 
 

@@ -126,6 +126,14 @@ class Mlp:
         return self.down.on_quantized(act, x.shape[0], x.device)
 
 
+def slot_owners(counts: torch.Tensor, slots: int) -> torch.Tensor:
+    """int32 [E · slots]: the expert of each slot of the masked layout, -1 past expert e's counts[e]
+    (the pos_to_expert of its rows)."""
+    filled = torch.arange(slots, device=counts.device)[None, :] < counts[:, None]
+    experts = torch.arange(counts.shape[0], dtype=torch.int32, device=counts.device)[:, None]
+    return torch.where(filled, experts, -1).view(-1)
+
+
 @attrs.frozen
 class Moe:
     """Routed experts (+ shared experts). Router: `top2_sum_gate`, DeepSeek-V3's group-limited
@@ -196,9 +204,7 @@ class Moe:
         rank_in_expert = mapping.token_topk_to_pos - mapping.expert_start[expert]
         pos = torch.where(chosen, expert * tokens + rank_in_expert, -1).to(torch.int32)
         counts = mapping.num_tokens_per_expert
-        owner = torch.where(torch.arange(tokens, device=x.device)[None, :] < counts[:, None],
-                            torch.arange(experts, dtype=torch.int32, device=x.device)[:, None], -1).view(-1)
-        rows = pk.expand_to_fused(x.bfloat16(), pos, owner)
+        rows = pk.expand_to_fused(x.bfloat16(), pos, slot_owners(counts, tokens))
         a = pk.per_token_cast_to_fp8(rows.view(experts, tokens, -1), use_ue8m0=ACTIVATION_UE8M0, prepare_for=MASKED)
         expected = max(1, -(-tokens * topk_idx.shape[1] // experts))
         y = self.masked_experts(a, counts, expected)
@@ -214,10 +220,8 @@ class Moe:
         h13 = torch.empty(experts, slots, 2 * inter, dtype=torch.bfloat16, device=counts.device)
         MASKED(rows, self.w13, h13, counts, expected_m)
         # the SwiGLU + cast runs over the slots as rows: unfilled slots are padding (-1)
-        filled = torch.arange(slots, device=counts.device)[None, :] < counts[:, None]
-        owner = torch.where(filled, torch.arange(experts, dtype=torch.int32, device=counts.device)[:, None], -1)
         act = pk.swiglu_forward_and_per_token_cast(h13.view(experts * slots, 2 * inter), round_sf=ACTIVATION_UE8M0,
-                                                   pos_to_expert=owner.view(-1))
+                                                   pos_to_expert=slot_owners(counts, slots))
         # the cast writes [E * slots, I] rows; the masked GEMM reads [E, slots, I]: on a backend whose
         # Format for it is not plain this is one conversion per call, not counted as implicit
         act = pk.prepare_inputs(MASKED, a=pk.QuantTensor(act.data.view(experts, slots, inter),

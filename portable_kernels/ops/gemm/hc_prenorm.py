@@ -19,11 +19,10 @@ from typing import Any
 import attrs
 import torch
 
-from ...core.checks import check_int
+from ...core.checks import check_int, check_tensor, contiguous, fail
 from ...core.compiled import compiled_call, is_compiling
 from ...core.contract import OpContract, Tolerance, public_op, register_contract
 from ...core.dispatch import run
-from ...core.errors import ContractError, format_problem
 from ...core.providers import Inputs
 from ...core.tensors import describe
 
@@ -78,17 +77,15 @@ HC_PRENORM = register_contract(OpContract("tf32_hc_prenorm_gemm", hc_prenorm_ref
 
 
 def _fail(arg: str, given: Any, expected: str, fix: str) -> None:
-    raise ContractError(format_problem(HC_PRENORM.name, arg, given, expected, fix))
+    fail(HC_PRENORM.name, arg, given, expected, fix)
 
 
-def _check_tensor(arg: str, t: Any, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device | None,
-                  fix: str, contiguous: bool = True) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
-        _fail(arg, describe(t), f"a {str(dtype)[6:]} tensor {list(shape)}", fix)
-    if contiguous and not t.is_contiguous():
-        _fail(arg, f"non-contiguous (strides {t.stride()})", "contiguous (row-major)", "pass .contiguous()")
-    if device is not None and t.device != device:
-        _fail(arg, f"on {t.device}", f"on {device} like a", f"move {arg} to a's device")
+def _check_out(arg: str, t: Any, shape: tuple[int, ...], device: torch.device) -> None:
+    """An fp32 contiguous output of `shape` on a's device."""
+    dims = ", ".join(map(str, shape))
+    check_tensor(HC_PRENORM.name, arg, t, (torch.float32,), shape, device,
+                 f"allocate {arg} = torch.empty({dims}, dtype=torch.float32)")
+    contiguous(HC_PRENORM.name, arg, t)
 
 
 @public_op(HC_PRENORM)
@@ -119,10 +116,8 @@ def tf32_hc_prenorm_gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sqr_
     if num_splits is not None:
         check_int(HC_PRENORM.name, "num_splits", num_splits, 1, fix="pass None or a split count >= 1")
     lead = () if num_splits is None else (int(num_splits),)
-    _check_tensor("d", d, torch.float32, (*lead, m, n), a.device,
-                  f"allocate d = torch.empty({', '.join(map(str, (*lead, m, n)))}, dtype=torch.float32)")
-    _check_tensor("sqr_sum", sqr_sum, torch.float32, (*lead, m), a.device,
-                  f"allocate sqr_sum = torch.empty({', '.join(map(str, (*lead, m)))}, dtype=torch.float32)")
+    _check_out("d", d, (*lead, m, n), a.device)
+    _check_out("sqr_sum", sqr_sum, (*lead, m), a.device)
     if m == 0:
         return
     run(HC_PRENORM, HcPrenormInputs(a, b, d, sqr_sum, None if num_splits is None else int(num_splits)))
