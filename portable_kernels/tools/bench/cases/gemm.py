@@ -122,6 +122,23 @@ def _bf16(m: int, n: int, k: int, out: torch.dtype = torch.bfloat16, sizes=froze
                 sizes=sizes)
 
 
+def _hc_prenorm(m: int, n: int, k: int, splits: int | None, sizes=frozenset({"quick", "full"})) -> Case:
+    """tf32_hc_prenorm_gemm against what a user writes: a widened to fp32 once, its product with b
+    and its squared norm (splits summed, the form DeepGEMM's callers reduce to)."""
+    def build(device: torch.device) -> Inputs:
+        lead = () if splits is None else (splits,)
+        return Inputs(a=seeded(m, k, seed=3, device=device, dtype=torch.bfloat16), b=seeded(n, k, seed=4, device=device, dtype=torch.float32),
+                      d=torch.empty(*lead, m, n, device=device), s=torch.empty(*lead, m, device=device))
+
+    def peer(i: Inputs) -> object:
+        a = i.a.float()
+        return a @ i.b.T, a.square().sum(-1)
+
+    return Case(FAMILY, "tf32_hc_prenorm_gemm", f"M={m} N={n} K={k} splits={splits}", build,
+                lambda i: pk.tf32_hc_prenorm_gemm(i.a, i.b, i.d, i.s, num_splits=splits), peer,
+                "tf32_hc_prenorm_gemm", "a.float() @ b.T and a.float().square().sum(-1)", sizes=sizes)
+
+
 CASES = [
     _decode(1, 2048, 7168),
     _decode(16, 2048, 7168),
@@ -139,9 +156,12 @@ CASES = [
     _bf16(128, 2048, 7168),
     _bf16(1024, 4096, 7168, sizes=FULL_ONLY),
     _bf16(128, 2048, 7168, torch.float32),
+    _hc_prenorm(4096, 24, 7168, None),
+    _hc_prenorm(4096, 24, 7168, 16),
     # tiny: the machinery only
     _decode(2, 256, 256, sizes=TINY),
     _prefill(8, 128, 256, ue8m0=True, sizes=TINY, memory=True),
     _bf16(8, 128, 256, sizes=TINY),
     _once(2, 256, 256, torch.float32, 2.5, sizes=TINY),
+    _hc_prenorm(8, 24, 256, 4, sizes=TINY),
 ]
