@@ -4,15 +4,18 @@
 // A segment is a run of rows of A and D that multiply one group's B: (first row, row count, group).
 // A dense GEMM is one segment; a grouped GEMM lists its groups' valid rows, so padding rows are
 // never read or written. Two engines share that description:
-//  - "fma": A rows are dequantized once to fp32 (a·sfa rounded as the reference rounds it), B tiles
-//    are dequantized in registers / L1 (b·sfb likewise), products accumulate in fp32 with FMA. It
+//  - "fma": A rows are dequantized once to fp32 (a·sfa rounded as the reference rounds it), B is
+//    dequantized in registers / L1 (b·sfb likewise), products accumulate in fp32 with FMA. It
 //    reads every B byte once per call: the decode engine (few rows) and the portable fallback.
+//    Segments of up to 4 rows take dot products (B rows as vectors); longer ones an outer-product
+//    micro-kernel over k-major panels of B (the "panel path").
 //  - "amx" (x86 with AMX-BF16): A and B hold raw element values in bf16 (exact for e4m3 and e2m1),
 //    tiles multiply in fp32, and every `promote` K-elements the tile sums are scaled by sfa·sfb
 //    and added to fp32 accumulators (DeepGEMM's per-block promotion), so any scale (power of two or
 //    not) is applied in fp32. B comes pre-packed in VNNI tile order (packed once at ingest).
 // Python validates every argument before calling; these functions trust shapes and pointers.
 #include "pk_native.h"
+#include "simd_f32.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -85,7 +88,8 @@ inline bool scale256_exact(float sf) { return !(std::isinf(sf * 256.0f) && !std:
 // Same as dequant_row for B tiles, without the per-element branch on the fp4 path when possible.
 inline void dequant_b_row(const uint8_t* row_bytes, int kind, const float* scale, int64_t g, int64_t k0,
                           int64_t k1, float* out) {
-  // [k0, k1) of one B row into out[0 .. k1-k0); k0 is a multiple of g (or 0 for bf16)
+  // [k0, k1) of one B row into out[0 .. k1-k0); any k0 (even for e2m1): each scale block is cut at k0 and
+  // k1, and every element gets the same v·sf whatever the cut
   if (kind == kBf16) {
     const uint16_t* s = reinterpret_cast<const uint16_t*>(row_bytes);
     int64_t k = k0;
@@ -100,8 +104,8 @@ inline void dequant_b_row(const uint8_t* row_bytes, int kind, const float* scale
     for (; k < k1; ++k) out[k - k0] = pk::bf16_to_f32(s[k]);
     return;
   }
-  for (int64_t b0 = k0; b0 < k1; b0 += g) {
-    const int64_t b1 = std::min(k1, b0 + g);
+  for (int64_t b0 = k0, b1; b0 < k1; b0 = b1) {
+    b1 = std::min(k1, (b0 / g + 1) * g);
     const float sf = scale[b0 / g];
     int64_t k = b0;
     if (kind == kFp8) {
@@ -373,6 +377,96 @@ void fma_direct(const float* Ab, int64_t lda, const uint8_t* const* rows, const 
 }
 #endif
 
+// ---- the fma engine's panel path: segments of more than MR rows ----------------------------------
+// An outer-product micro-kernel, C[R rows][PNC columns] += A·B with A's elements broadcast and a
+// K step of B's columns loaded as vectors (simd_f32.h's blocks: AVX-512 6 x 64 in 24 zmm, AVX2 and
+// NEON 6 x 16, generic 4 x 8). B is widened once per K slab of a column panel into an L1 buffer,
+// k-major [k][PNC]: the values dequant_b_row gives (the reference's b·sf), transposed. Each output is
+// one FMA chain over k in order (the sums of earlier slabs reloaded from `part`), with no horizontal
+// sum, so the AVX-512, AVX2 and NEON builds give the same bytes (the generic build multiplies then
+// adds). The form differs from the dot-product paths of segments of up to MR rows: a row's bytes
+// depend on whether its segment has more than MR rows (within the contract's tolerance either way).
+constexpr int PNC = pk_simd::VL * pk_simd::NV;  // columns per register block and panel
+constexpr int PMR = pk_simd::MR;                // rows per register block
+#if defined(__AVX512F__)
+constexpr int64_t PKB = 128;  // K elements per slab: a 64-column panel of 32 KiB
+#else
+constexpr int64_t PKB = 256;  // 16-column panels of 16 KiB (8 columns: 8 KiB)
+#endif
+static_assert(PNC % 8 == 0 && PKB % 8 == 0, "panels are built from 8 x 8 transposes");
+
+// C[r][0..PNC) += sum over k < kc, in order, of A[r * lda + k] * P[k * PNC + 0..PNC), for r < R.
+template <int R>
+inline void panel_block(const float* A, int64_t lda, const float* P, int64_t kc, float* C, int64_t ldc) {
+  namespace v = pk_simd;  // (the dot-product paths above have their own `vec`)
+  constexpr int NV = v::NV, W = v::VL;
+  v::vec c[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) c[r][j] = v::vload(C + r * ldc + j * W);
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    v::vec b[NV];
+    for (int j = 0; j < NV; ++j) b[j] = v::vload(P + k * PNC + j * W);
+    for (int r = 0; r < R; ++r) {
+      const v::vec x = v::vbcast(A[r * lda + k]);
+      for (int j = 0; j < NV; ++j) c[r][j] = v::vfma(x, b[j], c[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) v::vstore(C + r * ldc + j * W, c[r][j]);
+}
+
+// dst[i * ldd + j] = src[j * lds + i] for i, j < 8.
+inline void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+#if defined(__AVX2__)
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int h = 0; h < 8; h += 4) {  // rows h..h+3: r[h + q] = (column q | column q + 4) of those rows
+    r[h] = _mm256_shuffle_ps(t[h], t[h + 2], 0x44);
+    r[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], 0xEE);
+    r[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0x44);
+    r[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], 0xEE);
+  }
+  for (int q = 0; q < 4; ++q) {
+    _mm256_storeu_ps(dst + q * ldd, _mm256_permute2f128_ps(r[q], r[q + 4], 0x20));
+    _mm256_storeu_ps(dst + (q + 4) * ldd, _mm256_permute2f128_ps(r[q], r[q + 4], 0x31));
+  }
+#else
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 8; ++j) dst[i * ldd + j] = src[j * lds + i];
+#endif
+}
+
+// B rows [n0, n0 + PNC) of this group (rows at or past `end` read as +0) over elements [k0, k1) ->
+// panel[(k - k0) * PNC + j], rows past k1 up to a multiple of 8 +0. rows8: scratch of 8 x PKB floats.
+void widen_panel(const Operand& b, const uint8_t* bg, const float* sg, int64_t n0, int64_t end, int64_t k0,
+                 int64_t k1, float* rows8, float* panel) {
+  const int64_t kn = k1 - k0, kn8 = round_up(kn, 8);
+  for (int64_t j0 = 0; j0 < PNC; j0 += 8) {
+    for (int64_t j = 0; j < 8; ++j) {
+      float* dst = rows8 + j * PKB;
+      const int64_t n = n0 + j0 + j;
+      if (n < end) {
+        // the task's rows are far apart and read a slab at a time: too many streams for the hardware
+        // prefetchers, so fetch each row's next slab while this one is widened
+        const uint8_t* row = bg + n * b.row_bytes;
+        auto byte_of = [&](int64_t k) { return b.kind == kBf16 ? 2 * k : b.kind == kFp4 ? k / 2 : k; };
+        const int64_t from = byte_of(k1), to = std::min(b.row_bytes, from + byte_of(k1 - k0));
+        for (int64_t off = from; off < to; off += 64) __builtin_prefetch(row + off, 0, 3);
+        dequant_b_row(row, b.kind, sg ? sg + (n / b.gran_mn) * b.scale_ld : nullptr, b.gran_k, k0, k1, dst);
+        std::fill(dst + kn, dst + kn8, 0.0f);
+      } else {
+        std::fill(dst, dst + kn8, 0.0f);
+      }
+    }
+    for (int64_t k = 0; k < kn8; k += 8) transpose8(rows8 + k, PKB, panel + k * PNC + j0, PNC);
+  }
+}
+
 // What every task of one fma_engine call shares.
 struct FmaCall {
   const Operand& a;
@@ -411,9 +505,39 @@ void fma_task(const FmaCall& p, int64_t t, FmaScratch& sc) {
   const int64_t c0 = (t % p.ranges) * NRANGE, c1 = std::min(N, c0 + NRANGE), cols = c1 - c0;
   const uint8_t* bg = b.data + seg.group * b.group_bytes;
   const float* sg = b.scale ? b.scale + seg.group * b.group_scale : nullptr;
-  const int64_t ldp = round_up(cols, NR);
+  const bool panels = seg.rows > MR;
+  const int64_t ldp = round_up(cols, panels ? PNC : NR);
   sc.part.assign(static_cast<size_t>(seg.rows * ldp), 0.0f);
   float* part = sc.part.data();
+  if (panels) {
+    // slabs of K outer, so the segment's A slab (rows x PKB) stays in L2 for every panel of the task
+    sc.tile.resize(static_cast<size_t>((PNC + 8) * PKB));
+    float* panel = sc.tile.data();
+    float* rows8 = panel + PNC * PKB;
+    for (int64_t k0 = 0; k0 < K; k0 += PKB) {
+      const int64_t k1 = std::min(K, k0 + PKB), kn = k1 - k0;
+      const float* Ab = p.A + p.first[s] * k_pad + k0;
+      for (int64_t n0 = c0; n0 < c1; n0 += PNC) {
+        widen_panel(b, bg, sg, n0, c1, k0, k1, rows8, panel);
+        float* out = part + (n0 - c0);
+        int64_t m = 0;
+        for (; m + PMR <= seg.rows; m += PMR) panel_block<PMR>(Ab + m * k_pad, k_pad, panel, kn, out + m * ldp, ldp);
+        const float* am = Ab + m * k_pad;
+        float* om = out + m * ldp;
+        switch (seg.rows - m) {
+          case 5: if constexpr (PMR > 5) panel_block<5>(am, k_pad, panel, kn, om, ldp); break;
+          case 4: if constexpr (PMR > 4) panel_block<4>(am, k_pad, panel, kn, om, ldp); break;
+          case 3: panel_block<3>(am, k_pad, panel, kn, om, ldp); break;
+          case 2: panel_block<2>(am, k_pad, panel, kn, om, ldp); break;
+          case 1: panel_block<1>(am, k_pad, panel, kn, om, ldp); break;
+          default: break;
+        }
+      }
+    }
+    for (int64_t i = 0; i < seg.rows; ++i)
+      for (int64_t n = c0; n < c1; ++n) write_out(p.o, seg.row + i, n, part[i * ldp + (n - c0)]);
+    return;
+  }
 #ifdef PK_FMA_DIRECT
   if (p.direct && seg.rows <= MR) {
     // Row groups outer, K chunks inner: each B row is streamed once from front to back (what the

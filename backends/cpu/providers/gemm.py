@@ -117,8 +117,9 @@ def gemm_segments(op: str, a: torch.Tensor, sfa: torch.Tensor | None, a_gran_k: 
     engine: "fma" (dequantize B in L1, fp32 FMA), "amx" (raw bf16 tiles, per-block promotion) or
         "auto" (amx when this CPU has it and the granularities allow, else fma)
     b_pow2: every sfb is a power of two (e2m1 B: the amx engine then folds them into B's values)
-    fma_tile: the fma engine dequantizes B into L1 tiles for every segment (by default segments of
-        up to 4 rows dequantize it in registers; both give the same bytes, which tests compare)
+    fma_tile: the fma engine dequantizes B into L1 tiles for segments of up to 4 rows (by default it
+        dequantizes it in registers there; both give the same bytes, which tests compare); longer
+        segments always run the panel path (an outer-product kernel, one FMA chain per output)
     """
     return _gemm(op, a, sfa, a_gran_k, b, sfb, b_gran, d, c, segments, k, engine, b_pow2, True, fma_tile)
 

@@ -264,10 +264,12 @@ def test_bf16_register_path_gives_the_tile_paths_bytes(m, n, k):
     _close(d_reg, _reference(a, b))
 
 
-@pytest.mark.parametrize("tile", [False, True])
-def test_fp8_dequantization_is_the_references_for_any_finite_scale(tile):
+@pytest.mark.parametrize("tile,one_segment", [(False, False), (True, False), (False, True)],
+                         ids=["register path", "tile path", "panel path"])
+def test_fp8_dequantization_is_the_references_for_any_finite_scale(tile, one_segment):
     # one-hot rows of A pick single elements of B: D[i, n] is B's dequantized value, which must be
-    # the reference's v * sf bit for bit, also where sf * 2^8 overflows (the two-multiply fallback)
+    # the reference's v * sf bit for bit, also where sf * 2^8 overflows (the two-multiply fallback);
+    # 1-row segments run the register or tile path, one 7-row segment the panel path (> 4 rows)
     k, n = 256, 40
     b, sfb = _odd_scaled(n, k, (1, 128), seed=5)
     ref = dequantize_reference(QuantTensor(b, sfb, (1, 128)))
@@ -275,7 +277,8 @@ def test_fp8_dequantization_is_the_references_for_any_finite_scale(tile):
     a = torch.zeros(len(picks), k)
     a[torch.arange(len(picks)), picks] = 1.0
     a = a.to(torch.float8_e4m3fn)
-    segs = torch.tensor([[i, 1, 0] for i in range(len(picks))], dtype=torch.int64)  # 1-row segments
+    segs = torch.tensor([[0, len(picks), 0]] if one_segment else [[i, 1, 0] for i in range(len(picks))],
+                        dtype=torch.int64)
     d = poison(len(picks), n, dtype=torch.float32)
     ng.gemm_segments("t", a, torch.ones(len(picks), 2), 128, b[None], sfb[None], (1, 128), d, None, segs, k,
                      engine="fma", fma_tile=tile)
@@ -348,3 +351,66 @@ def test_granularities_below_one_are_refused_before_scales_are_sized_from_them(a
     a, b = _fp8_operands(2, 8, 128, seed=14, ue8m0=False)
     with pytest.raises(ContractError, match="granularity"):
         ng.gemm_dense("t", a.data, a.scale, a_gran, b.data, b.scale, b_gran, torch.empty(2, 8), None, 128)
+
+
+X86 = ("avx512", "avx2", "generic")
+#: odd block scales (negative, subnormal, zero) whose products with |v| <= 1 keep every sum finite
+FINITE_SUMS = [0.37, -1.5, 1.2e-40, 0.0, 2.0 ** -126, 3.1e-3]
+
+
+def _use_isa(monkeypatch, level: str) -> None:
+    """Build and load the gemm library for `level` for this test (the detected build comes back after)."""
+    from portable_kernels.core.native.build import ISA_ENV, detected_isa
+    detected = detected_isa()[0]
+    if level != detected and not (detected in X86 and level in X86 and X86.index(level) > X86.index(detected)):
+        pytest.skip(f"this machine ({detected}) cannot execute a {level} build")
+    monkeypatch.setenv(ISA_ENV, level)
+    monkeypatch.setattr(ng.LIB, "_lib", None)
+    monkeypatch.setattr(ng.LIB, "_tried_isa", None)
+    assert ng.LIB.get() is not None, ng.LIB.reason()
+
+
+def _panel_path_outputs():
+    """Segments of more than 4 rows (the panel path) with odd M, N and K tails: fp8 B at two
+    granularities, bf16 B, e2m1 B; fp32 and bf16 d, with and without c."""
+    outs = []
+    for m, n, k, b_gran in ((13, 70, 1000, (128, 128)), (7, 33, 300, (1, 32)), (30, 130, 2100, (128, 128))):
+        a, _ = _fp8_operands(m, 1, k, seed=m + k, ue8m0=False)
+        b, sfb = _odd_scaled(n, k, b_gran, seed=n + k, scales=FINITE_SUMS)
+        for out, c in ((torch.float32, randn(m, n, seed=4)), (torch.bfloat16, None)):
+            d = poison(m, n, dtype=out)
+            ng.gemm_segments("t", a.data, a.scale, 128, b[None], sfb[None], b_gran, d, c, None, k, engine="fma")
+            outs.append(d)
+    a16, b16 = randn(9, 515, seed=1, dtype=torch.bfloat16), randn(21, 515, seed=2, dtype=torch.bfloat16)
+    d = poison(9, 21, dtype=torch.float32)
+    ng.gemm_segments("t", a16, None, 128, b16[None], None, (1, 1), d, None, None, 515, engine="fma")
+    outs.append(d)
+    a8 = per_token_cast_to_fp8(randn(11, 320, seed=7, dtype=torch.bfloat16))
+    b4 = per_token_cast_to_fp4(randn(40, 320, seed=8, dtype=torch.bfloat16), gran_k=32, use_ue8m0=False)
+    d = poison(11, 40, dtype=torch.float32)
+    ng.gemm_segments("t", a8.data, a8.scale, 128, b4.data[None], b4.scale[None], (1, 32), d, None, None, 320,
+                     engine="fma")
+    outs.append(d)
+    return outs
+
+
+def test_panel_path_gives_the_same_bytes_on_the_avx512_and_avx2_builds(monkeypatch):
+    # each output is one FMA chain over K in order, with no horizontal sum: the vector width must not
+    # change a bit (the dot-product paths of <= 4 rows do not promise this)
+    from portable_kernels.core.native.build import detected_isa
+    if detected_isa()[0] != "avx512":
+        pytest.skip("needs a machine that executes both the AVX-512 and the AVX2 build")
+    _use_isa(monkeypatch, "avx512")
+    wide = _panel_path_outputs()
+    _use_isa(monkeypatch, "avx2")
+    narrow = _panel_path_outputs()
+    for w, n in zip(wide, narrow):
+        assert torch.equal(_bits(w), _bits(n))
+
+
+def test_panel_path_on_the_generic_build_agrees_within_the_contract_tolerance(monkeypatch):
+    fma = _panel_path_outputs()
+    _use_isa(monkeypatch, "generic")
+    for f, g in zip(fma, _panel_path_outputs()):
+        assert bool(torch.isfinite(g).all()), "some output elements were not written"
+        assert calc_diff(f.double(), g.double()) < 1e-9
