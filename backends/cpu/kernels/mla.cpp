@@ -7,6 +7,9 @@
 // (mla_fma.h: fp32 vectors, AVX-512 / AVX2 / NEON / generic). Keys a row may not see (past its
 // causal limit, -1 indices) get P = 0 and their cache slots are never read. Splits of one job are
 // merged with their log-sum-exps.
+// FlashMLA's sparse prefill (flash_mla_sparse_fwd) is the sparse decode of one batch over a
+// [s_kv, 1, d] key array (a page of one token per row): the same jobs, plus each row's max logit,
+// an attention sink and per-row topk_length (pk_mla_sparse_prefill).
 // Every index was validated in Python (reject_bad_cache_references); they are clamped here anyway.
 #include "mla_amx.h"
 #include "mla_fma.h"
@@ -17,18 +20,21 @@ using namespace pk_mla;
 
 constexpr int kFma = 1, kAmx = 2;  // engine bits of pk_mla_engines
 
-// out row = o / l (bf16), lse = m + log l; rows that saw nothing: out 0, lse +inf.
+// out row = o / l (bf16), lse = m + log l, max_logits = m; with a sink, out = o / (l + e^(sink - m))
+// (lse stays the keys' own); rows that saw nothing: out 0, lse +inf, max_logits -inf.
 void finish_row(const Args& a, const Job& j, int64_t r, const float* o, float m, float l) {
   int64_t i, head;
   row_of(a, j, r, &i, &head);
   uint16_t* dst = a.out + ((j.b * a.s_q + i) * a.h_q + head) * DV;
-  float* lse = a.lse + (j.b * a.h_q + head) * a.s_q + i;
+  const int64_t at = lse_at(a, j.b, head, i);
+  float* lse = a.lse + at;
+  if (a.max_logits) a.max_logits[at] = l > 0.0f ? m : -INFINITY;
   if (!(l > 0.0f)) {
     std::memset(dst, 0, DV * 2);
     *lse = INFINITY;
     return;
   }
-  const float inv = 1.0f / l;
+  const float inv = 1.0f / (a.sink ? l + std::exp(a.sink[head] - m) : l);
   for (int64_t c = 0; c < DV; ++c) dst[c] = pk::f32_to_bf16(o[c] * inv);
   *lse = m + std::log(l);
 }
@@ -57,6 +63,7 @@ void decode(const Args& a, const int64_t* splits, int64_t nsplits, int64_t nslot
     Job j{};
     if (sparse) {
       j = Job{id / a.s_q, 0, id % a.s_q, a.h_q, a.topk};
+      if (a.topk_length) j.keys = std::min<int64_t>(std::max<int64_t>(a.topk_length[id], 0), a.topk);
     } else {
       j = Job{id / a.h_kv, id % a.h_kv, -1, a.s_q * (a.h_q / a.h_kv), 0};
       j.keys = std::min<int64_t>(std::max<int64_t>(a.seqlens[j.b], 0), a.max_blocks * a.block_size);
@@ -123,6 +130,21 @@ int engines() {
   return kFma;
 }
 
+// Runs the plan on `engine` (0: the best available); -1 when that engine cannot run here.
+int run(const Args& a, const int64_t* splits, int64_t nsplits, int64_t nslots, int nthreads, int engine) {
+  const int have = engines();
+  if (engine == 0) engine = (have & kAmx) ? kAmx : kFma;
+  if (!(have & engine) || (engine != kFma && engine != kAmx)) return -1;  // never a tile instruction unpermitted
+#ifdef PK_MLA_AMX
+  if (engine == kAmx) {
+    decode<AmxEngine>(a, splits, nsplits, nslots, nthreads);
+    return 0;
+  }
+#endif
+  decode<FmaEngine>(a, splits, nsplits, nslots, nthreads);
+  return 0;
+}
+
 }  // namespace
 
 // Bits of the engines this build and CPU can run: 1 = FMA (always), 2 = AMX (AMX-BF16 tiles the
@@ -140,18 +162,26 @@ PK_EXPORT int pk_mla_decode(const void* q, int64_t b, int64_t s_q, int64_t h_q, 
                              const int32_t* seqlens, const int32_t* indices, int64_t topk, float scale, int causal,
                              const int64_t* splits, int64_t nsplits, int64_t nslots, void* out, float* lse,
                              int nthreads, int engine) {
-  const int have = engines();
-  if (engine == 0) engine = (have & kAmx) ? kAmx : kFma;
-  if (!(have & engine) || (engine != kFma && engine != kAmx)) return -1;  // never a tile instruction unpermitted
   const Args a{static_cast<const uint16_t*>(q), b, s_q, h_q, d, h_kv, static_cast<const uint8_t*>(cache), fp8 != 0,
                num_blocks, block_size, block_stride, token_stride, head_stride, block_table, max_blocks, seqlens,
-               indices, topk, scale, causal != 0, static_cast<uint16_t*>(out), lse};
-#ifdef PK_MLA_AMX
-  if (engine == kAmx) {
-    decode<AmxEngine>(a, splits, nsplits, nslots, nthreads);
-    return 0;
-  }
-#endif
-  decode<FmaEngine>(a, splits, nsplits, nslots, nthreads);
-  return 0;
+               indices, topk, scale, causal != 0, static_cast<uint16_t*>(out), lse, s_q, 1, nullptr, nullptr,
+               nullptr};
+  return run(a, splits, nsplits, nslots, nthreads, engine);
+}
+
+// FlashMLA's sparse prefill: q bf16 [s_q, h_q, d], kv bf16 rows of d channels kv_row_bytes apart
+// (s_kv of them), indices int32 [s_q, topk] (-1 or >= s_kv: no key), topk_length null or int32
+// [s_q] (clamped to [0, topk]), sink null or fp32 [h_q]; writes out bf16 [s_q, h_q, 512] and
+// max_logits, lse fp32 [s_q, h_q]. splits as pk_mla_decode's with job = query token i. Returns 0,
+// or -1 when the engine asked for cannot run here (nothing was run).
+PK_EXPORT int pk_mla_sparse_prefill(const void* q, int64_t s_q, int64_t h_q, int64_t d, const void* kv, int64_t s_kv,
+                                     int64_t kv_row_bytes, const int32_t* indices, int64_t topk,
+                                     const int32_t* topk_length, const float* sink, float scale,
+                                     const int64_t* splits, int64_t nsplits, int64_t nslots, void* out,
+                                     float* max_logits, float* lse, int nthreads, int engine) {
+  // one sequence; the keys a block of one token each, so a slot is a row of kv
+  const Args a{static_cast<const uint16_t*>(q), 1, s_q, h_q, d, 1, static_cast<const uint8_t*>(kv), false,
+               s_kv, 1, kv_row_bytes, 0, 0, nullptr, 0, nullptr, indices, topk, scale, false,
+               static_cast<uint16_t*>(out), lse, 1, h_q, max_logits, sink, topk_length};
+  return run(a, splits, nsplits, nslots, nthreads, engine);
 }

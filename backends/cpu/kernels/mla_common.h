@@ -26,13 +26,22 @@ struct Args {
   float scale;
   bool causal;
   uint16_t* out;  // [b, s_q, h_q, 512]
-  float* lse;     // [b, h_q, s_q]
+  float* lse;     // element (b, head, i) at b * h_q * s_q + head * lse_head + i * lse_token
+  int64_t lse_head, lse_token;  // decode: [b, h_q, s_q] (s_q, 1); sparse prefill: [s_q, h_q] (1, h_q)
+  float* max_logits;            // null, or laid out like lse: each row's largest scaled logit
+  const float* sink;            // null, or [h_q] sink logits: out scaled by e^lse / (e^lse + e^sink)
+  const int32_t* topk_length;   // null, or [b * s_q]: sparse rows read only their first topk_length keys
 };
 
 struct Job {
   int64_t b, h, i;  // batch, kv head (dense) ; query token (sparse, else -1)
   int64_t rows, keys;
 };
+
+// Offset of row (b, head, query token i) in lse and max_logits.
+inline int64_t lse_at(const Args& a, int64_t b, int64_t head, int64_t i) {
+  return b * a.h_q * a.s_q + head * a.lse_head + i * a.lse_token;
+}
 
 inline int64_t group(const Args& a) { return a.h_q / a.h_kv; }
 

@@ -1,6 +1,7 @@
 """Native MLA decode of the cpu backend (C++ in mla.cpp): flash_mla_with_kvcache over a bf16 or FP8
 (656-byte) paged cache, dense (causal or not) or sparse, split over the sequence with an lse merge;
-and this backend's get_mla_metadata: the split plan.
+and this backend's get_mla_metadata: the split plan. (The library also runs flash_mla_sparse_fwd:
+mla_prefill.py.)
 
 Two engines: AMX (bf16 tiles, mla_amx.h) where the CPU has AMX-BF16, else FMA (fp32 vectors,
 mla_fma.h) on every other CPU: AVX-512, AVX2, NEON or the generic build.
@@ -30,7 +31,10 @@ LIB = register_library(NativeLibrary("cpu_mla", Path(__file__).parent.parent / "
                       PTR, I32, I64, I64, I64, I64, I64,        # cache, fp8, blocks, block_size, strides (bytes)
                       PTR, I64, PTR, PTR, I64, F32, I32,        # block_table, max_blocks, seqlens, indices, topk, scale, causal
                       PTR, I64, I64, PTR, PTR, I32, I32],       # splits, nsplits, nslots, out, lse, threads, engine
-}, returns={"pk_mla_engines": I32, "pk_mla_decode": I32}, owner=BACKEND))
+    "pk_mla_sparse_prefill": [PTR, I64, I64, I64, PTR, I64, I64,   # q, s_q, h_q, d, kv, s_kv, kv row bytes
+                              PTR, I64, PTR, PTR, F32,             # indices, topk, topk_length, sink, scale
+                              PTR, I64, I64, PTR, PTR, PTR, I32, I32],  # splits, nsplits, nslots, out, max, lse, ..
+}, returns={"pk_mla_engines": I32, "pk_mla_decode": I32, "pk_mla_sparse_prefill": I32}, owner=BACKEND))
 
 #: the engines, by the bit pk_mla_engines reports and the number pk_mla_decode takes
 ENGINES = {"fma": 1, "amx": 2}
