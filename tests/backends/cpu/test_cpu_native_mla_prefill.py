@@ -17,7 +17,7 @@ from portable_kernels.backends.cpu.providers import mla as nm
 from portable_kernels.backends.cpu.providers import mla_prefill as mp
 from portable_kernels.core.dispatch import provider_for, trace_providers
 from portable_kernels.core.errors import ContractError
-from portable_kernels.ops.attention.decode import LSE_ABS_TOL, LSE_REL_TOL, OUT_ABS_TOL, OUT_REL_TOL
+from portable_kernels.ops.attention.decode import LSE_ABS_TOL, LSE_REL_TOL, OUT_ABS_TOL, OUT_REL_TOL, MlaDecodeInputs
 from portable_kernels.ops.attention.prefill import FLASH_MLA_SPARSE_FWD, SparsePrefillInputs, sparse_prefill_reference
 from portable_kernels.testing.checks import assert_close
 from portable_kernels.testing.generators import generator, poison, randn
@@ -246,3 +246,20 @@ def test_an_engine_this_cpu_lacks_is_refused_by_name():
     q, kv, idx, _, _ = _operands(3, 16, 576, 20, 8, sink=False, lengths=False, seed=16)
     with pytest.raises(ValueError, match=f"engine='{missing[0]}'"):
         _native(q, kv, idx, None, None, engine=missing[0])
+
+
+def test_the_prefill_is_the_sparse_decode_of_one_sequence(engine):
+    """Same engine, same jobs: the bf16 kv viewed as a paged cache of 64-token blocks, the sparse
+    decode of one sequence with these indices gives the same bytes (lse transposed)."""
+    q, kv, idx, _, _ = _operands(6, 16, 576, 256, 100, sink=False, lengths=False, seed=17)
+    kv = kv.nan_to_num(0.0)  # the decode reads a cache, not only the selected rows
+    out_of_range = _native(q, kv, idx, None, None, engine)
+    idx = torch.where((idx >= 0) & (idx < 256), idx, -1)  # the decode refuses indices past the cache
+    out, _, lse = _native(q, kv, idx, None, None, engine)
+    plan = nm.mla_split_plan([100] * 6, 6, threads=1)[0]
+    meta = pk.MlaMetadata("cpu", 1, 6 * 16, 1, 16, False, 100, (plan,), None)
+    dec_out, dec_lse = poison(1, 6, 16, 512, dtype=torch.bfloat16), poison(1, 16, 6, dtype=torch.float32)
+    nm.decode_native(MlaDecodeInputs(q[None], kv.view(4, 64, 1, 576), None, None, 512, 576 ** -0.5, False, False,
+                                     idx.view(1, 6, 100), meta, None, dec_out, dec_lse), engine)
+    assert torch.equal(dec_out[0], out) and torch.equal(dec_lse[0].T, lse)
+    assert torch.equal(out_of_range[0], out) and torch.equal(out_of_range[2], lse)  # >= s_kv is -1
