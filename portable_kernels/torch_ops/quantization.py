@@ -1,5 +1,6 @@
 """Custom ops of the quantizers: per_token_cast_to_fp8, per_block_cast_to_fp8, per_token_cast_to_fp4,
-swiglu_forward_and_per_token_cast and block_cast (TileKernels' scale rule; logical output only).
+swiglu_forward_and_per_token_cast, block_cast and per_token_cast_to_e5m6 (TileKernels' scale rule;
+logical output only).
 
 Each returns `(data, scale)`. Without a consumer (`prepare_for=""`) they are the logical pair (a
 QuantTensor's tensors); with one, the bytes of the Format the selected backend stores that
@@ -22,6 +23,7 @@ import torch
 from ..ops import swiglu
 from ..ops.quant import fp4, fp8 as quantization
 from ..ops.quant.block_cast import block_cast as public_block_cast
+from ..ops.quant.e5m6 import per_token_cast_to_e5m6
 from ..core.contract import OpContract, get_contract
 from ..core.formats import PLAIN, Format
 from ..core.registry import select_backend
@@ -177,3 +179,12 @@ custom_op(public_block_cast, returns="(Tensor data, Tensor scale)", fake=_block_
           outputs=lambda value, **_: (value.data, value.scale),
           result=lambda outputs, fmt, block_size, round_sf, sf, **_: _quant(outputs, fmt, tuple(block_size),
                                                                              round_sf and sf is None))
+
+
+def _e5m6_fake(x, num_per_channels, **_):
+    m, k = x.shape
+    return (x.new_empty((m, k // 8 * 12), dtype=torch.uint8),
+            x.new_empty((m, -(-k // num_per_channels)), dtype=torch.float32))
+
+
+custom_op(per_token_cast_to_e5m6, returns="(Tensor data, Tensor scale)", fake=_e5m6_fake)

@@ -230,6 +230,16 @@ def _block_cast_sf(seed: int) -> Call:
     return (randn(5, 64, seed=seed + 1), "e4m3", (1, 32)), {"sf": sf}
 
 
+@case("per_token_cast_to_e5m6", "6x72 per (1, 32), round_sf")
+def _e5m6_cast(seed: int) -> Call:
+    return (randn(6, 72, seed=seed, dtype=torch.bfloat16), 32, True), {}
+
+
+@case("per_token_cast_to_e5m6", "3x256 per row")
+def _e5m6_cast_row(seed: int) -> Call:
+    return (randn(3, 256, seed=seed), 256), {}
+
+
 # -- top-k and routing --------------------------------------------------------------------------
 
 @case("topk", "4x1000 k=8 sorted")

@@ -57,6 +57,7 @@ NOT_MAPPED = {
     # TileKernels' ops (portable_kernels.tile_kernels): none checked against a CANN operator yet
     "block_cast": "npu_dynamic_quant / npu_dynamic_mx_quant compute data as x / scale with their own scale rules, "
                   "not TileKernels' x * (max / amax) with its amax floors",
+    "per_token_cast_to_e5m6": "no CANN operator for TileKernels' 12-bit E5M6 packing",
     "swiglu_forward": "no torch_npu op checked against this contract (fp32 SwiGLU with row weights and clamp counts)",
     "topk_gate": "no torch_npu op documented to rank ties to the smaller index",
     "topk_sum_and_topk_group_idx": "npu_moe_gating_top_k selects groups only inside its full gate",
