@@ -1,5 +1,6 @@
 // casts.cpp — the cpu backend's native quantizers: per-token / per-block FP8 casts, the per-token
-// FP4 (E2M1) cast, and SwiGLU fused with the per-token FP8 cast. Each reads its input once from
+// FP4 (E2M1) cast, SwiGLU fused with the per-token FP8 cast, and TileKernels' per-token E5M6 cast
+// (12-bit codes, eight per 12 bytes; layouts/e5m6.py has the rule). Each reads its input once from
 // memory: a block's values are loaded for its amax and quantized while they are still in L1/L2.
 //
 // Numerics follow the contracts' references exactly: amax in fp32 clamped to >= 1e-4, the scale
@@ -269,6 +270,76 @@ int64_t swiglu_rows(const SwigluArgs& s, int nthreads) {
   return bad;
 }
 
+// ---- E5M6 --------------------------------------------------------------------------------------
+
+constexpr float kE5m6Max = 65024.0f;
+
+// TileKernels' float_to_e5m6 of one fp32 value (layouts/e5m6.py): fp16 bits rounded toward zero,
+// the top 12 kept, plus one when (code & 1) + the fp32's low 17 mantissa bits > 0x10000.
+inline uint32_t e5m6_code(float v) {
+  const uint32_t b = pk::f32_bits(v);
+  const uint32_t sign = (b >> 16) & 0x8000u, mant = b & 0x7FFFFFu;
+  const int32_t exp = int32_t((b >> 23) & 0xFFu);
+  uint32_t h = sign;
+  if (exp == 255 && mant) h |= 0x7FFFu;
+  else if (exp >= 143) h |= 0x7C00u;
+  else if (exp >= 113) h |= (uint32_t(exp - 112) << 10) | (mant >> 13);
+  else if (exp >= 103) h |= (mant | 0x800000u) >> (126 - exp);
+  uint32_t c = h >> 4;
+  c += ((c & 1u) + (b & 0x1FFFFu)) > 0x10000u ? 1u : 0u;
+  return c & 0xFFFu;
+}
+
+// eight codes -> 12 bytes: three little-endian uint32 words (layouts/e5m6.py's diagram)
+inline void pack_e5m6_group(const uint32_t* h, uint8_t* out) {
+  const uint32_t w[3] = {(h[0] << 20) | (h[1] << 8) | (h[2] >> 4),
+                         (h[2] << 28) | (h[3] << 16) | (h[4] << 4) | (h[5] >> 8),
+                         (h[5] << 24) | (h[6] << 12) | h[7]};
+  std::memcpy(out, w, 12);  // little-endian host (the layouts assume it too)
+}
+
+// One row: scales per block of `per`, then codes of x · inv packed eight at a time. A block with
+// NaN/Inf and round_sf is counted in *bad (refused by the caller); without round_sf NaN/Inf
+// propagate as in the reference, every NaN product encoded as the quiet NaN 0x7FC00000.
+void cast_row_e5m6(const void* x, int kind, int64_t K, int64_t per, bool round_sf, uint8_t* q, float* scale,
+                   std::vector<float>& inv, int64_t* bad) {
+  const int64_t groups = (K + per - 1) / per;
+  inv.resize(size_t(groups));
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t k0 = g * per, kn = std::min(per, K - k0);
+    float amax = 0.0f;
+    bool nan = false;
+    for (int64_t k = 0; k < kn; ++k) {
+      const float v = std::fabs(load1(x, kind, k0 + k));
+      nan |= std::isnan(v);
+      amax = std::max(amax, v);
+    }
+    if (nan) amax = pk::bits_f32(0x7FC00000u);
+    amax = nan ? amax : std::max(amax, pk::kAmaxFloor);
+    float sf = amax / kE5m6Max;
+    if (round_sf) {
+      if (!std::isfinite(sf)) {
+        ++*bad;
+        sf = 1.0f;
+      }
+      sf = pk::ceil_to_ue8m0(sf);
+      inv[size_t(g)] = 1.0f / sf;
+    } else {
+      inv[size_t(g)] = kE5m6Max / amax;
+    }
+    scale[g] = sf;
+  }
+  uint32_t h[8];
+  for (int64_t j = 0; j < K; j += 8) {
+    for (int i = 0; i < 8; ++i) {
+      const float v = load1(x, kind, j + i), s = inv[size_t((j + i) / per)];
+      const float p = v * s;
+      h[i] = e5m6_code(std::isnan(p) ? pk::bits_f32(0x7FC00000u) : p);  // the contract's one NaN
+    }
+    pack_e5m6_group(h, q + j / 8 * 12);
+  }
+}
+
 }  // namespace
 
 // x: [L, MN, K] contiguous (fp32 / bf16 / fp16 by in_kind); q: fp8 [L, MN, K]; scale: fp32
@@ -324,3 +395,23 @@ PK_EXPORT int64_t pk_swiglu_cast(const void* x, int in_kind, int64_t M, int64_t 
                clamp != 0, clamp_value, counts, static_cast<uint8_t*>(q), scale};
   return swiglu_rows(s, pk::thread_count(nthreads));
 }
+
+// x: [M, K] contiguous rows (K % 8 == 0) -> q uint8 [M, K * 3 / 2] packed E5M6, scale fp32
+// [M, ceil(K / per)]. Returns the number of blocks refused (NaN/Inf with round_sf).
+PK_EXPORT int64_t pk_cast_e5m6(const void* x, int in_kind, int64_t M, int64_t K, int64_t per, int round_sf, void* q,
+                            float* scale, int nthreads) {
+  const int64_t groups = (K + per - 1) / per;
+  const int64_t elem = in_kind == kF32 ? 4 : 2;
+  const int threads = pick_threads(pk::thread_count(nthreads), double(M * K) * elem, M);
+  int64_t bad = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(+ : bad)
+  {
+    std::vector<float> inv;
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t r = 0; r < M; ++r)
+      cast_row_e5m6(static_cast<const uint8_t*>(x) + r * K * elem, in_kind, K, per, round_sf != 0,
+                    static_cast<uint8_t*>(q) + r * (K / 8 * 12), scale + r * groups, inv, &bad);
+  }
+  return bad;
+}
+

@@ -1,5 +1,5 @@
 """Native quantizers of the cpu backend (C++ in casts.cpp): FP8 per-token / per-block casts, the
-FP4 per-token cast, and SwiGLU fused with the per-token FP8 cast — each one pass over memory,
+FP4 per-token cast, SwiGLU fused with the per-token FP8 cast, and TileKernels' E5M6 cast — each one pass over memory,
 emitting the PLAIN format (fp32 row-major scales), the cpu backend's own.
 
 Plain functions of tensors first (validated here before the C++ runs), then the providers.
@@ -13,6 +13,7 @@ import torch
 
 from portable_kernels.layouts.errors import LayoutConversionError
 from portable_kernels.core.native.build import F32, I32, I64, PTR, NativeLibrary, num_threads, register_library
+from portable_kernels.ops.quant.e5m6 import nonfinite_error
 from portable_kernels.ops.quant.fp8 import refusing_nonfinite_ue8m0
 from portable_kernels.core.tensors import cdiv
 
@@ -23,7 +24,8 @@ LIB = register_library(NativeLibrary("cpu_casts", Path(__file__).parent.parent /
     "pk_cast_fp8": [PTR, I32, I64, I64, I64, I64, I64, I32, PTR, PTR, I32],
     "pk_cast_fp4": [PTR, I32, I64, I64, I64, I32, PTR, PTR, I32],
     "pk_swiglu_cast": [PTR, I32, I64, I64, I64, I32, PTR, PTR, I64, PTR, I32, F32, PTR, PTR, PTR, I32],
-}, returns={"pk_cast_fp8": I64, "pk_cast_fp4": I64, "pk_swiglu_cast": I64}, owner=BACKEND))
+    "pk_cast_e5m6": [PTR, I32, I64, I64, I64, I32, PTR, PTR, I32],
+}, returns={"pk_cast_fp8": I64, "pk_cast_fp4": I64, "pk_swiglu_cast": I64, "pk_cast_e5m6": I64}, owner=BACKEND))
 
 IN_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 FP8 = torch.float8_e4m3fn
@@ -90,6 +92,25 @@ def cast_fp4(x: torch.Tensor, gran_k: int, use_ue8m0: bool,
         if bad:  # E2M1 has no NaN/Inf code, whatever the scales
             chk.fail(op, "x", "a tensor with NaN or Inf values", "finite values",
                      "E2M1 has no NaN/Inf code; clean the input before quantizing")
+    return q, scale
+
+
+def cast_e5m6(x: torch.Tensor, num_per_channels: int, round_sf: bool,
+              op: str = "per_token_cast_to_e5m6") -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (K % 8 == 0) -> (uint8 [M, K * 3 / 2] packed E5M6, fp32 [M, ceil(K / num_per_channels)])."""
+    lib = _lib(op)
+    x = _input(op, x, (2,))
+    per = _positive(op, "num_per_channels", num_per_channels)
+    m, k = x.shape
+    if k % 8:
+        chk.fail(op, "x", f"with K = {k}", "K a multiple of 8", "pad K to a multiple of 8")
+    q = torch.empty(m, k // 8 * 12, dtype=torch.uint8)
+    scale = torch.empty(m, cdiv(k, per), dtype=torch.float32)
+    if x.numel():
+        bad = lib.pk_cast_e5m6(x.data_ptr(), IN_KINDS[x.dtype], m, k, per, int(round_sf), q.data_ptr(),
+                               scale.data_ptr(), num_threads())
+        if bad:
+            raise nonfinite_error(op)
     return q, scale
 
 
@@ -163,6 +184,7 @@ def register(registry) -> None:
     from portable_kernels.core.formats import PLAIN
     from portable_kernels.ops.quant.fp4 import PER_TOKEN_CAST_FP4
     from portable_kernels.ops.swiglu import SWIGLU_CAST
+    from portable_kernels.ops.quant.e5m6 import PER_TOKEN_CAST_E5M6
     from portable_kernels.ops.quant.fp8 import PER_BLOCK_CAST, PER_TOKEN_CAST
     plain = {"out_format": (PLAIN,)}
     dtypes = {"x": tuple(IN_KINDS)}
@@ -180,3 +202,6 @@ def register(registry) -> None:
                     check=_available, doc="C++ (deepjit): SiLU·up, weights, clamp and the FP8 cast in one pass")(
         lambda call: swiglu_cast(call.x, call.num_per_channels, call.round_sf, call.pos_to_token_topk,
                                  call.topk_weights, call.pos_to_expert, call.swiglu_clamp_value, call.clamped_count))
+    registry.kernel(PER_TOKEN_CAST_E5M6.name, BACKEND, NATIVE, priority=10, dtypes=dtypes, devices=("cpu",),
+                    check=_available, doc="C++ (deepjit): amax, scale and the 12-bit codes packed per row in one pass")(
+        lambda call: cast_e5m6(call.x, call.num_per_channels, call.round_sf))
