@@ -282,7 +282,7 @@ def test_swiglu_fused_and_two_step_paths_give_the_same_bytes():
                                                                                                   two_step[1])
 
 
-@pytest.mark.parametrize("bad", [dict(fmt="e5m6"), dict(use_packed_ue8m0=True), dict(x_block_size=(1, 128)),
+@pytest.mark.parametrize("bad", [dict(fmt="e5m2"), dict(use_packed_ue8m0=True), dict(x_block_size=(1, 128)),
                                  dict(num_per_channels=0)])
 def test_cast_refusals_name_the_argument(bad):
     args = dict(x=torch.randn(4, 128), fmt="e4m3", num_per_channels=128, **{})

@@ -1,9 +1,11 @@
 """TileKernels' casts (`per_token_cast`, `per_block_cast`, `per_channel_cast` and their sf-only /
 precomputed-sf / transposed variants, `cast_back`, `unpack_from_e2m1fn_x2`) over `block_cast` and
-`dequantize`, with TileKernels' signatures, bytes and scale storage.
+`dequantize`, with TileKernels' signatures, bytes and scale storage; `per_token_cast(x, 'e5m6', ...)`
+and `cast_back(..., x_special_fmt='e5m6')` over `per_token_cast_to_e5m6` / `e5m6_cast_back`.
 
 Returns are TileKernels': (data, sf) tuples, FP8 data as float8_e4m3fn, FP4 packed two codes per
-int8 (even element low); sf fp32, or as the storage flags ask (see `_scales`). A quantized input
+int8 (even element low), E5M6 packed eight 12-bit codes per 12 bytes as uint8 [T, H * 3 / 2]; sf fp32,
+or as the storage flags ask (see `_scales`). A quantized input
 (data, sf) with `x_block_size` is dequantized to fp32 first (data · sf, as TileKernels does).
 """
 
@@ -14,6 +16,7 @@ from typing import Any, Optional
 import torch
 
 from ...ops.quant.block_cast import block_cast
+from ...ops.quant.e5m6 import e5m6_cast_back, per_token_cast_to_e5m6
 from ...core.checks import check_int
 from ...core.errors import ContractError, format_problem
 from ...layouts.fp4 import e2m1_decode, unpack_e2m1
@@ -22,6 +25,8 @@ from ._scales import FP4_DTYPES, check_storage_flags, dequantized_input, logical
 
 #: TileKernels' names of the cast formats provided here
 CAST_FORMATS = ("e4m3", "e2m1")
+#: the special formats cast_back reads (x_special_fmt)
+SPECIAL_FORMATS = ("e5m6",)
 #: cast_back's output formats
 BACK_FORMATS = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -29,8 +34,9 @@ BACK_FORMATS = {"bf16": torch.bfloat16, "fp32": torch.float32}
 def _cast(op: str, x: Any, fmt: Any, block: tuple[int, int], x_block_size: Any, col_major: Any, round_sf: Any,
           packed: Any, sf: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     if fmt not in CAST_FORMATS:
-        raise ContractError(format_problem(op, "fmt", repr(fmt), f"one of {CAST_FORMATS}",
-                                           "E5M6 is not provided; cast to 'e4m3' or 'e2m1'"))
+        fix = ("this cast has no E5M6 form (TileKernels casts to E5M6 with per_token_cast only, returning data "
+               "and scales)" if fmt == "e5m6" else "cast to 'e4m3' or 'e2m1'")
+        raise ContractError(format_problem(op, "fmt", repr(fmt), f"one of {CAST_FORMATS}", fix))
     check_storage_flags(op, round_sf, col_major, packed)
     if isinstance(x, (tuple, list)):
         x = dequantized_input(op, x, x_block_size)
@@ -47,10 +53,31 @@ def _cast(op: str, x: Any, fmt: Any, block: tuple[int, int], x_block_size: Any, 
 def per_token_cast(x: Any, fmt: str, num_per_channels: int, x_block_size: Optional[tuple[int, int]] = None,
                    use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
                    use_packed_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cast [T, H] (bf16/fp32, or a quantized pair with x_block_size) per (1, num_per_channels)."""
+    """Cast [T, H] (bf16/fp32, or a quantized pair with x_block_size) per (1, num_per_channels).
+
+    fmt 'e5m6': x bf16/fp32 [T, H] (H % 8 == 0, no x_block_size) -> (uint8 [T, H * 3 / 2], sf); TileKernels'
+    kernel takes num_per_channels == H only, any width dividing into blocks is accepted here."""
     check_int("per_token_cast", "num_per_channels", num_per_channels, 1, fix="pass e.g. 128")
+    if fmt == "e5m6":
+        return _cast_e5m6(x, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                          use_packed_ue8m0)
     return _cast("per_token_cast", x, fmt, (1, num_per_channels), x_block_size, use_tma_aligned_col_major_sf,
                  round_sf, use_packed_ue8m0)
+
+
+def _cast_e5m6(x: Any, num_per_channels: int, x_block_size: Any, col_major: Any, round_sf: Any,
+               packed: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    op = "per_token_cast"
+    check_storage_flags(op, round_sf, col_major, packed)
+    if x_block_size is not None or isinstance(x, (tuple, list)):
+        raise ContractError(format_problem(op, "x_block_size" if x_block_size is not None else "x",
+                                           "a quantized input for fmt 'e5m6'", "a bf16/fp32 tensor [T, H]",
+                                           "cast_back the input first, then cast it to e5m6"))
+    if isinstance(x, torch.Tensor) and x.dtype == torch.float16:
+        raise ContractError(format_problem(op, "x", describe(x), "bf16 or fp32 (TileKernels' e5m6 inputs)",
+                                           "pass x.float()"))
+    data, sf = per_token_cast_to_e5m6(x, num_per_channels, round_sf)
+    return data, store_scales(sf, col_major, packed)
 
 
 def per_token_cast_with_sf_only(x: Any, fmt: str, num_per_channels: int,
@@ -162,10 +189,34 @@ def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tupl
     if fmt not in BACK_FORMATS:
         raise ContractError(format_problem(op, "fmt", repr(fmt), f"one of {tuple(BACK_FORMATS)}",
                                            "pass 'bf16' or 'fp32'"))
-    if x_special_fmt is not None:
-        raise ContractError(format_problem(op, "x_special_fmt", repr(x_special_fmt), "None",
-                                           "E5M6 is not provided; cast to 'e4m3' or 'e2m1' instead"))
+    if x_special_fmt is not None and x_special_fmt not in SPECIAL_FORMATS:
+        raise ContractError(format_problem(op, "x_special_fmt", repr(x_special_fmt), f"None or one of "
+                                           f"{SPECIAL_FORMATS}", "pass 'e5m6' for E5M6 data, None otherwise"))
+    if x_special_fmt == "e5m6":
+        return _cast_back_e5m6(op, x, x_block_size, BACK_FORMATS[fmt])
     return dequantized_input(op, x, x_block_size).to(BACK_FORMATS[fmt])
+
+
+def _cast_back_e5m6(op: str, x: Any, block: Any, out_dtype: torch.dtype) -> torch.Tensor:
+    """(uint8 [M, K * 3 / 2] E5M6, sf in any of TileKernels' storages) -> out_dtype [M, K]."""
+    if not (isinstance(x, (tuple, list)) and len(x) == 2):
+        raise ContractError(format_problem(op, "x", describe(x), "a (data, scale factors) pair",
+                                           "pass the pair per_token_cast(x, 'e5m6', ...) returned"))
+    if not (isinstance(block, (tuple, list)) and len(block) == 2):
+        raise ContractError(format_problem(op, "x_block_size", repr(block), "the input's (bm, bk) block",
+                                           "pass the block size the input was cast with"))
+    data, sf = x
+    if not (isinstance(data, torch.Tensor) and data.dtype == torch.uint8 and data.dim() == 2
+            and data.shape[1] % 12 == 0):
+        raise ContractError(format_problem(op, "x", f"data {describe(data)}", "uint8 [M, K * 3 / 2] packed E5M6 "
+                                           "(x_special_fmt='e5m6')", "pass the data per_token_cast(x, 'e5m6') "
+                                           "returned"))
+    bm, bk = block
+    check_int(op, "x_block_size[0]", bm, 1, fix="pass the block the data was cast with")
+    check_int(op, "x_block_size[1]", bk, 1, fix="pass the block the data was cast with")
+    m, k = data.shape[0], data.shape[1] // 12 * 8
+    scale = logical_scales(op, "x", sf, cdiv(m, bm), cdiv(k, bk))
+    return e5m6_cast_back(data, scale, (bm, bk), out_dtype)
 
 
 def per_token_cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, num_per_channels: int,
