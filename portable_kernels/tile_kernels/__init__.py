@@ -10,7 +10,7 @@ scales as fp32 or, with `use_packed_ue8m0`, int32 words), and runs the portable 
 so it works on every backend. Where TileKernels' bytes differ from the top-level API's choice the
 names here produce TileKernels' bytes: FP8/FP4 casts multiply by max/amax (`block_cast`), an
 all-zero FP4 block gets the scale 2^-126. Not provided (see docs/porting.md): `engram`, `mhc`,
-`modeling` (model-specific training kernels), the E5M6 format, the backward SwiGLU and the lossless
+`modeling` (model-specific training kernels), the backward SwiGLU and the lossless
 FP4 -> FP8 recast; `tile_kernels.torch` (TileKernels' own reference oracles, run from upstream).
 """
 
