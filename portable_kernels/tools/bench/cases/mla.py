@@ -1,8 +1,11 @@
-"""MLA decode cases: flash_mla_with_kvcache against gathering the paged cache and calling SDPA.
+"""MLA cases: flash_mla_with_kvcache against gathering the paged cache and calling SDPA, and
+DeepSeek-V3.2's sparse prefill (flash_mla_sparse_fwd) against gathering each query token's keys.
 
-The peer gathers (and, for the FP8 cache, dequantizes) each sequence's keys and runs
+The decode peer gathers (and, for the FP8 cache, dequantizes) each sequence's keys and runs
 scaled_dot_product_attention with the query heads as rows over the one latent KV head. Target
 from issue 12: 1.5x that; issue 23 asks 4x at b=4 s_k=4096 h_q=128 on every CPU (AVX2 included).
+The sparse prefill peer gathers the topk kv rows of every query token (32 tokens at a time, to bound
+the gathered copy) and runs SDPA with the token as the batch and its heads as rows; no target.
 """
 
 from __future__ import annotations
@@ -82,4 +85,47 @@ CASES = [
     _case(8, 8192, True, topk=2048),
     _case(2, 256, False, h_q=16, sizes=TINY),
     _case(2, 256, True, topk=64, h_q=16, sizes=TINY),
+]
+
+
+# -- sparse prefill (flash_mla_sparse_fwd) -------------------------------------------------------------------
+
+#: query tokens the prefill peer gathers keys for at a time (s_q x topk x 576 bf16 at once is 600 MB at
+#: s_q=256 topk=2048)
+PEER_TOKENS = 32
+
+
+def _build_prefill(s_q: int, h_q: int, s_kv: int, topk: int):
+    def build(device: torch.device) -> Inputs:
+        q = seeded(s_q, h_q, D_QK, seed=34, device=device, scale=0.1)
+        kv = seeded(s_kv, 1, D_QK, seed=35, device=device)
+        gen = generator(36)
+        indices = torch.stack([torch.randperm(s_kv, generator=gen)[:topk] for _ in range(s_q)])
+        return Inputs(q=q, kv=kv, indices=indices.to(torch.int32)[:, None, :].to(device), scale=D_QK ** -0.5)
+    return build
+
+
+def _prefill_op(i: Inputs) -> object:
+    return pk.flash_mla_sparse_fwd(i.q, i.kv, i.indices, i.scale, D_V)
+
+
+def _prefill_peer(i: Inputs) -> object:
+    outs = []
+    for s in range(0, i.q.shape[0], PEER_TOKENS):
+        keys = i.kv[i.indices[s:s + PEER_TOKENS, 0].long(), 0][:, None]        # [tokens, 1, topk, d]
+        outs.append(F.scaled_dot_product_attention(i.q[s:s + PEER_TOKENS, None], keys, keys[..., :D_V], scale=i.scale))
+    return outs
+
+
+def _prefill_case(s_q: int, h_q: int, s_kv: int, topk: int, sizes=frozenset({"quick", "full"})) -> Case:
+    return Case(FAMILY, "flash_mla_sparse_fwd bf16", f"s_q={s_q} h_q={h_q} s_kv={s_kv} topk={topk}",
+                _build_prefill(s_q, h_q, s_kv, topk), _prefill_op, _prefill_peer, "flash_mla_sparse_fwd",
+                f"gather {PEER_TOKENS} tokens' keys + SDPA", sizes=sizes)
+
+
+CASES += [
+    _prefill_case(256, 64, 4096, 2048),
+    _prefill_case(256, 16, 4096, 512),
+    _prefill_case(1024, 128, 8192, 2048, sizes=FULL_ONLY),
+    _prefill_case(8, 16, 256, 64, sizes=TINY),
 ]
