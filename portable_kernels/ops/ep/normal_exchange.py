@@ -23,15 +23,12 @@ import torch
 from ...core.errors import ContractError, format_problem
 from ...layouts.moe import aligned_counts
 from .agreement import Agreement
-from .constants import NO_EXPERT
 from .results import DispatchHandle
+from .rows import (COMBINE_ROWS, PACK_DISPATCH_ROWS, UNPACK_DISPATCH_META, CombineInputs, PackInputs, UnpackInputs,
+                   run_rows)
 from .transport import Transport
 from .workspace import Workspace
-from .wire import FORMS, Field, as_bytes, fingerprints, pack_rows, row_bytes, unpack_rows
-
-
-#: rows per fp32 chunk of the combine's accumulation
-COMBINE_CHUNK_ROWS = 64
+from .wire import FORMS, Field, as_bytes, fingerprints, row_bytes
 
 
 @attrs.frozen(eq=False)
@@ -56,15 +53,22 @@ class DispatchPlan:
 
 
 def _meta_parts(plan: DispatchPlan) -> list[torch.Tensor]:
-    """Per-token metadata travelling beside the rows: scales, ids, weights, source index."""
+    """Per-token metadata travelling beside the rows: scales, ids, weights; then (a dispatch that
+    makes a handle, `_with_src`) the int32 source index, which the pack writes itself."""
     parts = [] if plan.scales is None else [plan.scales]
-    if plan.handle is None:
-        if plan.topk_idx is not None:
-            parts.append(plan.topk_idx)
-            if plan.topk_weights is not None:
-                parts.append(plan.topk_weights)
-        parts.append(torch.arange(plan.x.shape[0], dtype=torch.int32, device=plan.x.device))
+    if plan.handle is None and plan.topk_idx is not None:
+        parts.append(plan.topk_idx)
+        if plan.topk_weights is not None:
+            parts.append(plan.topk_weights)
     return parts
+
+
+def _with_src(plan: DispatchPlan) -> bool:
+    return plan.handle is None
+
+
+def _meta_bytes(plan: DispatchPlan) -> int:
+    return sum(row_bytes(p) for p in _meta_parts(plan)) + (4 if _with_src(plan) else 0)
 
 
 def plan_dispatch(x: torch.Tensor, scales: torch.Tensor | None, is_token_in_rank: torch.Tensor,
@@ -80,7 +84,7 @@ def plan_dispatch(x: torch.Tensor, scales: torch.Tensor | None, is_token_in_rank
         expect = (ends - torch.cat((ends.new_zeros(1), ends[:-1]))).tolist()
     plan = DispatchPlan(x, scales, is_token_in_rank, token, send_rows, topk_idx, topk_weights, num_experts,
                         num_tokens_per_expert, expert_alignment, num_worst_tokens, handle, {}, expect, ())
-    meta_bytes = sum(row_bytes(p) for p in _meta_parts(plan))
+    meta_bytes = _meta_bytes(plan)
     fields = {Field.NUM_EXPERTS: num_experts, Field.HIDDEN: x.shape[1],
               Field.FORM: FORMS["fp8" if scales is not None else x.dtype],
               Field.NUM_TOPK: 0 if topk_idx is None else topk_idx.shape[1],
@@ -115,20 +119,17 @@ class StagedDispatch:
 
     rows: torch.Tensor                   # uint8 [S, row bytes], destination-major
     meta: torch.Tensor | None            # uint8 [S, metadata bytes] or None
-    meta_specs: list[tuple[torch.dtype, tuple[int, ...]]]
 
 
 def stage_dispatch(plan: DispatchPlan, workspace: Workspace) -> StagedDispatch:
-    data_bytes = as_bytes(plan.x)
-    rows = workspace.take("dispatch-send", (plan.dest_token.numel(), data_bytes.shape[1]), torch.uint8, plan.x.device)
-    torch.index_select(data_bytes, 0, plan.dest_token, out=rows)
-    parts = _meta_parts(plan)
-    if not parts:  # a cached bf16 dispatch moves the rows alone
-        return StagedDispatch(rows, None, [])
-    meta = workspace.take("dispatch-meta-send", (plan.dest_token.numel(), sum(row_bytes(p) for p in parts)),
-                          torch.uint8, plan.x.device)
-    pack_rows(parts, plan.dest_token, out=meta)
-    return StagedDispatch(rows, meta, [(p.dtype, tuple(p.shape[1:])) for p in parts])
+    device, sent = plan.x.device, plan.dest_token.numel()
+    rows = workspace.take("dispatch-send", (sent, row_bytes(plan.x)), torch.uint8, device)
+    meta_bytes = _meta_bytes(plan)
+    # a cached bf16 dispatch moves the rows alone
+    meta = workspace.take("dispatch-meta-send", (sent, meta_bytes), torch.uint8, device) if meta_bytes else None
+    run_rows(PACK_DISPATCH_ROWS, PackInputs(plan.x, tuple(p.contiguous() for p in _meta_parts(plan)),
+                                            _with_src(plan), plan.is_token_in_rank, plan.dest_token, rows, meta))
+    return StagedDispatch(rows, meta)
 
 
 def _skips_self(me: int, num_ranks: int, own_rows: int) -> bool:
@@ -169,41 +170,24 @@ def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, staged: Stag
     recv_bytes = as_bytes(recv_x[:received])
     # both collectives in flight at once: the metadata rides beside the rows
     moving = [_start_rows(transport, op, recv_bytes, staged.rows, recv_splits, plan.send_rows)]
-    unpacked: list[torch.Tensor] = []
     if staged.meta is not None:
         meta = workspace.take("dispatch-meta", (received, staged.meta.shape[1]), torch.uint8, device)
         moving.append(transport.start_all_to_all(meta, staged.meta, recv_splits, plan.send_rows, op))
     for pending in moving:
         pending.wait()
+    scales = recv_idx = recv_w = counts = src_idx = None
     if staged.meta is not None:
-        unpacked = unpack_rows(meta, staged.meta_specs)
-
-    def padded(t: torch.Tensor, fill: float | int) -> torch.Tensor:
-        if rows == received:
-            return t
-        out = torch.full((rows, *t.shape[1:]), fill, dtype=t.dtype, device=device)
-        out[:received] = t
-        return out
-
-    recv_scales = padded(unpacked.pop(0), 0) if plan.scales is not None else None
-    out_x = recv_x if recv_scales is None else (recv_x, recv_scales)
+        topk = plan.topk_idx if plan.handle is None else None
+        scales, recv_idx, recv_w, counts, src_idx = run_rows(UNPACK_DISPATCH_META, UnpackInputs(
+            meta, 0 if plan.scales is None else plan.scales.shape[1], None if topk is None else topk.dtype,
+            0 if topk is None else topk.shape[1], plan.topk_weights is not None, _with_src(plan), me,
+            plan.num_experts // num_ranks, rows))
+    out_x = recv_x if scales is None else (recv_x, scales)
     if plan.handle is not None:
         return out_x, None, None, None, None
 
-    recv_idx = recv_w = None
-    per_rank = plan.num_experts // num_ranks
-    if plan.topk_idx is not None:
-        ids = unpacked.pop(0)
-        local = ids.long() - me * per_rank
-        is_local = (local >= 0) & (local < per_rank)
-        recv_idx = padded(torch.where(is_local, local, NO_EXPERT).to(ids.dtype), NO_EXPERT)
-        if plan.topk_weights is not None:
-            w = unpacked.pop(0)
-            recv_w = padded(torch.where(is_local, w, torch.zeros((), dtype=w.dtype, device=device)), 0)
-        counts = torch.bincount(local[is_local], minlength=per_rank)
-    else:
-        counts = _exchange_expert_counts(transport, op, plan, per_rank)
-    src_idx = unpacked.pop(0).view(-1)
+    if plan.topk_idx is None:
+        counts = _exchange_expert_counts(transport, op, plan, plan.num_experts // num_ranks)
     prefix = torch.tensor(agreement.send, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
     handle = DispatchHandle(me, prefix, src_idx, plan.is_token_in_rank, plan.num_worst_tokens)
     listed = [] if plan.num_worst_tokens else [int(c) for c in aligned_counts(counts.cpu(), plan.expert_alignment)]
@@ -254,29 +238,17 @@ def plan_combine(x: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Te
                        fields)
 
 
-def _accumulate(out: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, chunk: torch.Tensor) -> None:
-    """out[tokens[i]] += fp32(rows[i]), through the reused fp32 `chunk` so the converted rows stay
-    cache-sized (no [S, H] fp32 copy)."""
-    for start in range(0, rows.shape[0], chunk.shape[0]):
-        stop = min(start + chunk.shape[0], rows.shape[0])
-        converted = chunk[:stop - start]
-        converted.copy_(rows[start:stop])
-        out.index_add_(0, tokens[start:stop], converted)
-
-
 def run_combine(transport: Transport, op: str, plan: CombinePlan, agreement: Agreement, workspace: Workspace
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The rows come back in the order this rank dispatched its tokens (the header's fingerprints
     proved it on every rank), so they are added at `sent_tokens` without source indices. The rows
-    this rank returns to itself are added from x while the collective moves the others; per token
-    the fp32 sum runs over this rank's rows first, then the other ranks' in rank order."""
+    this rank returns to itself stay out of the collective; per token the fp32 sum runs over this
+    rank's rows first, then the other ranks' in rank order (ep_combine_rows, rows.py)."""
     device, me, hidden = plan.x.device, transport.rank, plan.x.shape[1]
     recv_splits = agreement.recv_rows()
     returned = sum(recv_splits)
-    own_x = sum(plan.send_rows[:me])        # this rank's own rows: a block of x ...
-    own = sum(recv_splits[:me])             # ... and the same block of the returned rows
-    own_end = own + recv_splits[me]
-    # the own block never enters the collective: it is added straight from x below
+    own_x = sum(plan.send_rows[:me])        # this rank's own rows: a block of x
+    # the own block never enters the collective: it is added straight from x (rows.py)
     others = returned - recv_splits[me]
     rows = workspace.take("combine-recv", (others, hidden), plan.x.dtype, device)
     x_bytes = as_bytes(plan.x)
@@ -296,18 +268,17 @@ def run_combine(transport: Transport, op: str, plan: CombinePlan, agreement: Agr
         moving.append(transport.start_all_to_all(back, plan.topk_weights.contiguous(), recv_splits, plan.send_rows,
                                                  op))
     num_tokens = plan.handle.num_tokens
-    out = workspace.take("combine-sum", (num_tokens, hidden), torch.float32, device).zero_()
-    chunk = workspace.take("combine-chunk", (max(min(COMBINE_CHUNK_ROWS, returned), 1), hidden), torch.float32,
-                           device)
-    _accumulate(out, plan.x[own_x:own_x + recv_splits[me]], plan.sent_tokens[own:own_end], chunk)
-    for pending in moving:
-        pending.wait()
-    _accumulate(out, rows[:own], plan.sent_tokens[:own], chunk)
-    _accumulate(out, rows[own:], plan.sent_tokens[own_end:], chunk)
-    for bias in plan.biases:
-        out += bias.float()
+
+    def wait() -> None:  # idempotent: each collective is waited for once
+        while moving:
+            moving.pop(0).wait()
+
+    combined = run_rows(COMBINE_ROWS, CombineInputs(plan.x[own_x:own_x + recv_splits[me]], rows, tuple(recv_splits), me,
+                                                    plan.sent_tokens, plan.handle.is_token_in_rank, plan.biases, wait,
+                                                    workspace))
+    wait()  # a no-op when the kernel waited already
     weights = None
     if back is not None:
         weights = torch.zeros((num_tokens, back.shape[1]), dtype=torch.float32, device=device)
         weights.index_add_(0, plan.sent_tokens, back)
-    return out.to(plan.x.dtype), weights
+    return combined, weights
