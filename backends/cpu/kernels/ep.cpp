@@ -33,23 +33,28 @@ void dest_blocks(const uint8_t* in_rank, int64_t T, int64_t R, std::vector<int64
 
 // in_rank bool [T, R]; data: T rows of data_bytes, data_ld bytes apart; parts: nparts contiguous
 // per-token tensors (pointer, bytes per row) packed side by side in each meta row, then (with_src)
-// the int32 token index. rows uint8 [S, data_bytes], meta uint8 [S, meta_bytes] (null when
-// meta_bytes is 0), S = number of set in_rank entries, destination-major. Returns 0, or -1 (nothing
-// written) when in_rank sets another number of entries than S.
+// the int32 token index. block[d]: where destination d's rows go (uint8 [counts[d], data_bytes]), or
+// 0 to leave them out; meta uint8 [S, meta_bytes] for every destination, destination-major, S =
+// sum(counts) (null when meta_bytes is 0, or to leave it out). Returns 0, or -1 (nothing written)
+// when in_rank's columns do not count counts[d] tokens.
 PK_EXPORT int pk_ep_pack(const uint8_t* in_rank, int64_t T, int64_t R, const uint8_t* data, int64_t data_bytes,
                          int64_t data_ld, int nparts, const int64_t* part_ptrs, const int64_t* part_bytes,
-                         int with_src, int64_t S, uint8_t* rows, uint8_t* meta, int64_t meta_bytes, int nthreads) {
+                         int with_src, const int64_t* counts, const int64_t* block, uint8_t* meta, int64_t meta_bytes,
+                         int nthreads) {
   std::vector<int64_t> start;
   dest_blocks(in_rank, T, R, start);
-  if (start[R] != S) return -1;
-  const int threads = S * (data_bytes + meta_bytes) < (1 << 20) ? 1 : pk::thread_count(nthreads);
+  for (int64_t d = 0; d < R; ++d)
+    if (start[d + 1] - start[d] != counts[d]) return -1;
+  const int threads = start[R] * (data_bytes + meta_bytes) < (1 << 20) ? 1 : pk::thread_count(nthreads);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
   for (int64_t d = 0; d < R; ++d) {
+    uint8_t* rows = reinterpret_cast<uint8_t*>(block[d]);
+    if (!rows && !(meta && meta_bytes)) continue;
     int64_t s = start[d];
     for (int64_t t = 0; t < T; ++t) {
       if (!in_rank[t * R + d]) continue;
-      std::memcpy(rows + s * data_bytes, data + t * data_ld, static_cast<size_t>(data_bytes));
-      if (meta_bytes) {
+      if (rows) std::memcpy(rows + (s - start[d]) * data_bytes, data + t * data_ld, static_cast<size_t>(data_bytes));
+      if (meta && meta_bytes) {
         uint8_t* m = meta + s * meta_bytes;
         for (int p = 0; p < nparts; ++p) {
           const int64_t w = part_bytes[p];

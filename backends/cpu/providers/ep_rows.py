@@ -25,7 +25,7 @@ from portable_kernels.ops.ep.wire import row_bytes
 from .._names import BACKEND, NATIVE
 
 LIB = register_library(NativeLibrary("cpu_ep", Path(__file__).parent.parent / "kernels" / "ep.cpp", {
-    "pk_ep_pack": [PTR, I64, I64, PTR, I64, I64, I32, PTR, PTR, I32, I64, PTR, PTR, I64, I32],
+    "pk_ep_pack": [PTR, I64, I64, PTR, I64, I64, I32, PTR, PTR, I32, PTR, PTR, PTR, I64, I32],
     "pk_ep_unpack": [PTR, I64, I64, I64, I64, I64, I32, I32, I32, I64, I64, PTR, PTR, PTR, PTR, PTR],
     "pk_ep_combine": [PTR, I64, I64, I64, PTR, PTR, I64, I32, PTR, PTR, PTR, I32],
 }, returns={"pk_ep_pack": I32, "pk_ep_combine": I32}, owner=BACKEND))
@@ -54,24 +54,33 @@ def pack_native(call: PackInputs) -> None:
     parts = [p.contiguous() for p in call.parts]
     num_tokens, num_ranks = in_rank.shape
     data_bytes = row_bytes(x)
+    counts = list(call.counts)
+    sent = sum(counts)
+    if len(counts) != num_ranks or len(call.blocks) != num_ranks or call.dest_token.numel() != sent:
+        raise _bug(op, f"{len(counts)} counts / {len(call.blocks)} blocks for {num_ranks} ranks and "
+                   f"{call.dest_token.numel()} rows")
+    for d, (count, block) in enumerate(zip(counts, call.blocks)):
+        if block is not None and (block.dtype != torch.uint8 or not block.is_contiguous()
+                                  or tuple(block.shape) != (count, data_bytes)):
+            raise _bug(op, f"the block of rank {d} is {tuple(block.shape)} {block.dtype}, not contiguous uint8 "
+                       f"[{count}, {data_bytes}]")
     meta_bytes = 0 if call.meta is None else call.meta.shape[1]
-    if (call.rows.dtype != torch.uint8 or not call.rows.is_contiguous()
-            or tuple(call.rows.shape) != (call.dest_token.numel(), data_bytes)):
-        raise _bug(op, f"the send area is {tuple(call.rows.shape)} {call.rows.dtype}, not contiguous uint8 "
-                   f"[{call.dest_token.numel()}, {data_bytes}]")
-    if meta_bytes != sum(row_bytes(p) for p in parts) + (4 if call.with_src else 0) or (
-            call.meta is not None and (not call.meta.is_contiguous() or call.meta.shape[0] != call.rows.shape[0])):
+    if call.meta is not None and (meta_bytes != sum(row_bytes(p) for p in parts) + 4 * call.with_src
+                                  or not call.meta.is_contiguous() or call.meta.shape[0] != sent):
         raise _bug(op, "the metadata area does not match its parts")
     if any(p.shape[0] != num_tokens for p in parts) or x.shape[0] != num_tokens:
         raise _bug(op, "a metadata part has another token count than x")
     part_bytes = torch.tensor([row_bytes(p) for p in parts] or [0], dtype=torch.int64)
     keep = _ptrs(parts)
+    block_ptrs = torch.tensor([0 if b is None or not b.numel() else b.data_ptr() for b in call.blocks],
+                              dtype=torch.int64)
+    count_t = torch.tensor(counts, dtype=torch.int64)
     status = lib.pk_ep_pack(in_rank.data_ptr(), num_tokens, num_ranks, x.data_ptr(), data_bytes, data_bytes,
                             len(parts), keep.data_ptr(), part_bytes.data_ptr(), int(call.with_src),
-                            call.rows.shape[0], call.rows.data_ptr(),
+                            count_t.data_ptr(), block_ptrs.data_ptr(),
                             0 if call.meta is None else call.meta.data_ptr(), meta_bytes, num_threads())
     if status != 0:
-        raise _bug(op, "is_token_in_rank sets another number of entries than dest_token holds")
+        raise _bug(op, f"is_token_in_rank does not count the rows {counts} per destination")
 
 
 def unpack_native(call: UnpackInputs):

@@ -254,7 +254,7 @@ class Buffer:
         call = self._next_call(op, OpCode.CACHED_DISPATCH if handle is not None else OpCode.DISPATCH, device, error)
         proposal = self._propose(call, plan, staging_need)
         self._wait(previous_event)
-        staged = stage_dispatch(plan, self._workspace)  # packs the rows while the header is in flight
+        staged = stage_dispatch(plan, self._workspace, self.rank)  # packs the rows while the header is in flight
         agreement = proposal.settle()
         out = run_dispatch(self.transport, op, plan, staged, agreement, self._workspace)
         return (*out, completed_event(device))

@@ -117,19 +117,9 @@ def _check_worst_tokens(op: str, agreement: Agreement, description: str) -> None
 class StagedDispatch:
     """The send side packed (while the header is in flight): token rows and their metadata rows."""
 
-    rows: torch.Tensor                   # uint8 [S, row bytes], destination-major
+    rows: torch.Tensor                   # uint8 [rows sent through the collective, row bytes], destination-major
     meta: torch.Tensor | None            # uint8 [S, metadata bytes] or None
-
-
-def stage_dispatch(plan: DispatchPlan, workspace: Workspace) -> StagedDispatch:
-    device, sent = plan.x.device, plan.dest_token.numel()
-    rows = workspace.take("dispatch-send", (sent, row_bytes(plan.x)), torch.uint8, device)
-    meta_bytes = _meta_bytes(plan)
-    # a cached bf16 dispatch moves the rows alone
-    meta = workspace.take("dispatch-meta-send", (sent, meta_bytes), torch.uint8, device) if meta_bytes else None
-    run_rows(PACK_DISPATCH_ROWS, PackInputs(plan.x, tuple(p.contiguous() for p in _meta_parts(plan)),
-                                            _with_src(plan), plan.is_token_in_rank, plan.dest_token, rows, meta))
-    return StagedDispatch(rows, meta)
+    own_later: bool                      # the own block is left out of rows: packed straight into recv_x
 
 
 def _skips_self(me: int, num_ranks: int, own_rows: int) -> bool:
@@ -140,20 +130,50 @@ def _skips_self(me: int, num_ranks: int, own_rows: int) -> bool:
     return num_ranks > 1 and own_rows > 0 and me in (0, num_ranks - 1)
 
 
-def _start_rows(transport: Transport, op: str, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
-                in_splits: list[int]) -> Any:
-    """all_to_all of row blocks; ranks 0 and R-1 copy their own block themselves, in place."""
-    me = transport.rank
+def _pack(plan: DispatchPlan, blocks: list[torch.Tensor | None], meta: torch.Tensor | None) -> None:
+    run_rows(PACK_DISPATCH_ROWS, PackInputs(plan.x, tuple(p.contiguous() for p in _meta_parts(plan)), _with_src(plan),
+                                            plan.is_token_in_rank, plan.dest_token, tuple(plan.send_rows),
+                                            tuple(blocks), meta))
+
+
+def stage_dispatch(plan: DispatchPlan, workspace: Workspace, me: int) -> StagedDispatch:
+    """Pack every destination's rows but, on ranks 0 and R-1, this rank's own (`_skips_self`:
+    they never enter the collective and are packed into recv_x once it exists, `run_dispatch`)."""
+    device, sent, num_ranks = plan.x.device, plan.dest_token.numel(), len(plan.send_rows)
+    own_later = _skips_self(me, num_ranks, plan.send_rows[me])
+    through = sent - (plan.send_rows[me] if own_later else 0)
+    width = row_bytes(plan.x)
+    rows = workspace.take("dispatch-send", (through, width), torch.uint8, device)
+    blocks: list[torch.Tensor | None] = []
+    start = 0
+    for d, count in enumerate(plan.send_rows):
+        if own_later and d == me:
+            blocks.append(None)
+            continue
+        blocks.append(rows[start:start + count])
+        start += count
+    meta_bytes = _meta_bytes(plan)
+    # a cached bf16 dispatch moves the rows alone
+    meta = workspace.take("dispatch-meta-send", (sent, meta_bytes), torch.uint8, device) if meta_bytes else None
+    _pack(plan, blocks, meta)
+    return StagedDispatch(rows, meta, own_later)
+
+
+def _start_rows(transport: Transport, op: str, plan: DispatchPlan, staged: StagedDispatch, out: torch.Tensor,
+                out_splits: list[int]) -> Any:
+    """all_to_all of the row blocks; ranks 0 and R-1 pack their own block into out themselves
+    while the collective moves the others' (disjoint rows of out)."""
+    me, in_splits = transport.rank, plan.send_rows
+    if not staged.own_later:
+        return transport.start_all_to_all(out, staged.rows, out_splits, in_splits, op)
     own = in_splits[me]
-    if not _skips_self(me, len(in_splits), own):
-        return transport.start_all_to_all(out, inp, out_splits, in_splits, op)
-    others_in = inp[own:] if me == 0 else inp[:inp.shape[0] - own]
     others_out = out[own:] if me == 0 else out[:out.shape[0] - own]
     splits_out, splits_in = list(out_splits), list(in_splits)
     splits_out[me] = splits_in[me] = 0
-    pending = transport.start_all_to_all(others_out, others_in, splits_out, splits_in, op)
-    # the own block is copied while the collective runs (disjoint rows of out)
-    (out[:own] if me == 0 else out[out.shape[0] - own:]).copy_(inp[:own] if me == 0 else inp[inp.shape[0] - own:])
+    pending = transport.start_all_to_all(others_out, staged.rows, splits_out, splits_in, op)
+    blocks: list[torch.Tensor | None] = [None] * len(in_splits)
+    blocks[me] = out[:own] if me == 0 else out[out.shape[0] - own:]
+    _pack(plan, blocks, None)
     return pending
 
 
@@ -169,7 +189,7 @@ def run_dispatch(transport: Transport, op: str, plan: DispatchPlan, staged: Stag
     recv_x = torch.empty((rows, plan.x.shape[1]), dtype=plan.x.dtype, device=device)
     recv_bytes = as_bytes(recv_x[:received])
     # both collectives in flight at once: the metadata rides beside the rows
-    moving = [_start_rows(transport, op, recv_bytes, staged.rows, recv_splits, plan.send_rows)]
+    moving = [_start_rows(transport, op, plan, staged, recv_bytes, recv_splits)]
     if staged.meta is not None:
         meta = workspace.take("dispatch-meta", (received, staged.meta.shape[1]), torch.uint8, device)
         moving.append(transport.start_all_to_all(meta, staged.meta, recv_splits, plan.send_rows, op))

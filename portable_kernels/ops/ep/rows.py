@@ -38,20 +38,23 @@ from .wire import as_bytes, pack_rows, unpack_rows
 
 @attrs.frozen(eq=False)
 class PackInputs(Inputs):
-    """One dispatch's send side: x's rows at dest_token into `rows`; the metadata parts (and, with
-    with_src, the int32 token index) side by side at dest_token into `meta`.
+    """One dispatch's send side: x's rows at dest_token into the blocks of the destinations; the
+    metadata parts (and, with with_src, the int32 token index) side by side at dest_token into `meta`.
 
     x: [T, H] any dtype (fp8 data for an FP8 pair); parts: contiguous per-token tensors [T, ...];
     is_token_in_rank bool [T, R]; dest_token int64 [S]: the token of each sent row,
-    destination-major (= is_token_in_rank.T.nonzero()[1]); rows uint8 [S, row bytes of x];
-    meta uint8 [S, metadata bytes] or None (no parts and no source index)."""
+    destination-major (= is_token_in_rank.T.nonzero()[1]); counts: its rows per destination;
+    blocks: per destination d a contiguous uint8 [counts[d], row bytes of x] to fill, or None to
+    leave its rows out (the own block, copied straight into recv_x later); meta uint8 [S, metadata
+    bytes] or None (no parts and no source index, or not in this call)."""
 
     x: torch.Tensor
     parts: tuple[torch.Tensor, ...]
     with_src: bool
     is_token_in_rank: torch.Tensor
     dest_token: torch.Tensor
-    rows: torch.Tensor
+    counts: tuple[int, ...]
+    blocks: tuple[torch.Tensor | None, ...]
     meta: torch.Tensor | None
     device_field = "x"
 
@@ -102,7 +105,11 @@ class CombineInputs(Inputs):
 # --------------------------------------------------------------------------------------------
 
 def pack_reference(call: PackInputs) -> None:
-    torch.index_select(as_bytes(call.x), 0, call.dest_token, out=call.rows)
+    data, start = as_bytes(call.x), 0
+    for count, block in zip(call.counts, call.blocks):
+        if block is not None and count:
+            torch.index_select(data, 0, call.dest_token[start:start + count], out=block)
+        start += count
     if call.meta is None:
         return
     parts = list(call.parts)

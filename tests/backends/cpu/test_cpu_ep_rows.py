@@ -40,10 +40,18 @@ def _assert_same_bytes(a, b, what: str) -> None:
         assert torch.equal(_bits(a), _bits(b)), what
 
 
+def _blocks(rows: torch.Tensor, counts: list[int], leave_out: int | None) -> tuple:
+    out, start = [], 0
+    for d, n in enumerate(counts):
+        out.append(None if d == leave_out else rows[start:start + n])
+        start += n
+    return tuple(out)
+
+
 @pytest.mark.parametrize("form", ["bf16", "fp8", "fp32"])
 @pytest.mark.parametrize("meta", ["ids+weights+src", "ids32+src", "src", "none"])
-@pytest.mark.parametrize("num_ranks", [1, 3, 8])
-def test_pack_equals_the_reference(form, meta, num_ranks):
+@pytest.mark.parametrize("num_ranks,leave_out", [(1, None), (3, None), (3, 2), (8, 0)])
+def test_pack_equals_the_reference(form, meta, num_ranks, leave_out):
     tokens, hidden, k = 37, 256, 4
     x = randn(tokens, hidden, seed=1)
     parts: list[torch.Tensor] = []
@@ -60,28 +68,37 @@ def test_pack_equals_the_reference(form, meta, num_ranks):
     with_src = meta != "none"
     in_rank = _in_rank(tokens, num_ranks, seed=5)
     dest_token = in_rank.T.nonzero(as_tuple=True)[1]
+    counts = in_rank.sum(dim=0).tolist()
     row = x.element_size() * hidden
     meta_bytes = sum(p.element_size() * p.shape[1] for p in parts) + 4 * with_src
     out = {}
     for name, fn in (("native", ep_rows.pack_native), ("reference", pack_reference)):
         rows = poison(dest_token.numel(), row, dtype=torch.uint8)
         meta_out = poison(dest_token.numel(), meta_bytes, dtype=torch.uint8) if meta_bytes else None
-        fn(PackInputs(x, tuple(parts), with_src, in_rank, dest_token, rows, meta_out))
+        fn(PackInputs(x, tuple(parts), with_src, in_rank, dest_token, tuple(counts), _blocks(rows, counts, leave_out),
+                      meta_out))
         out[name] = (rows, meta_out)
     assert torch.equal(out["native"][0], out["reference"][0])
     _assert_same_bytes(out["native"][1], out["reference"][1], "metadata rows")
-    assert torch.equal(out["native"][0][0], x[dest_token[0]].contiguous().view(torch.uint8).view(-1))
+    first = 0 if leave_out != 0 else counts[0]
+    assert torch.equal(out["native"][0][first], x[dest_token[first]].contiguous().view(torch.uint8).view(-1))
+    if leave_out is not None and counts[leave_out]:  # the block left out stays as it was
+        start = sum(counts[:leave_out])
+        assert bool((out["native"][0][start:start + counts[leave_out]] == 255).all())
 
 
 def test_pack_refuses_a_layout_that_does_not_count_the_rows():
     x = randn(8, 128, seed=1).bfloat16()
     in_rank = _in_rank(8, 2, seed=2)
     dest_token = in_rank.T.nonzero(as_tuple=True)[1]
+    counts = in_rank.sum(dim=0).tolist()
     other = in_rank.clone()
-    other[-1] = True  # the token sent nowhere now goes everywhere: more entries than rows
+    other[0, 0], other[0, 1] = True, False  # token 0's destinations change: other column counts
+    if other.sum(dim=0).tolist() == counts:
+        other[0, 0], other[0, 1] = False, True
     rows = poison(dest_token.numel(), 256, dtype=torch.uint8)
     with pytest.raises(ContractError, match="is_token_in_rank"):
-        ep_rows.pack_native(PackInputs(x, (), True, other, dest_token, rows,
+        ep_rows.pack_native(PackInputs(x, (), True, other, dest_token, tuple(counts), _blocks(rows, counts, None),
                                        poison(dest_token.numel(), 4, dtype=torch.uint8)))
 
 
@@ -170,8 +187,10 @@ def test_the_registry_picks_native_for_bf16_and_the_reference_for_fp32():
     x = randn(16, 128, seed=4).bfloat16()
     dest_token = in_rank.T.nonzero(as_tuple=True)[1]
     with trace_providers() as ran:
-        run_rows(PACK_DISPATCH_ROWS, PackInputs(x, (), True, in_rank, dest_token,
-                                                poison(dest_token.numel(), 256, dtype=torch.uint8),
+        counts = in_rank.sum(dim=0).tolist()
+        rows = poison(dest_token.numel(), 256, dtype=torch.uint8)
+        run_rows(PACK_DISPATCH_ROWS, PackInputs(x, (), True, in_rank, dest_token, tuple(counts),
+                                                _blocks(rows, counts, None),
                                                 poison(dest_token.numel(), 4, dtype=torch.uint8)))
         run_rows(UNPACK_DISPATCH_META, UnpackInputs(poison(5, 4, dtype=torch.uint8), 0, None, 0, False, True, 0, 4, 5))
     assert [name for _, _, name in ran] == ["native", "native"]
