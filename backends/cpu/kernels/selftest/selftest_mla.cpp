@@ -1,6 +1,8 @@
 // selftest_mla.cpp — flash_mla_with_kvcache's FMA engine (mla.cpp) against a double-precision
 // softmax attention over the same cache values: bf16 and FP8 (656-byte) caches, dense causal over
-// a shuffled block table with a split job, and sparse with -1 indices.
+// a shuffled block table with a split job, and sparse with -1 indices; and flash_mla_sparse_fwd
+// (pk_mla_sparse_prefill) over bf16 kv rows two cache rows apart, with -1 and >= s_kv indices,
+// topk_length (0 included), an attention sink and a split job.
 #include "../mla.cpp"
 
 #include "selftest.h"
@@ -55,9 +57,10 @@ Cache make_cache(int64_t blocks, bool fp8, Rng& rng) {
   return c;
 }
 
-// softmax(scale · q·K) · V over the listed slots -> out[512], lse (+inf with no key).
+// softmax(scale · q·K) · V over the listed slots -> out[512], lse (+inf with no key); with `mx_out`,
+// the largest logit (-inf with no key) too.
 void attend(const Cache& c, const uint16_t* q, const std::vector<int64_t>& slots, double scale, double* out,
-            double* lse) {
+            double* lse, double* mx_out = nullptr) {
   std::vector<double> logit(slots.size());
   double mx = -INFINITY;
   for (size_t k = 0; k < slots.size(); ++k) {
@@ -75,6 +78,7 @@ void attend(const Cache& c, const uint16_t* q, const std::vector<int64_t>& slots
   }
   for (int64_t i = 0; i < 512; ++i) out[i] = sum > 0 ? out[i] / sum : 0;
   *lse = sum > 0 ? mx + std::log(sum) : INFINITY;
+  if (mx_out) *mx_out = mx;
 }
 
 // Runs one decode and compares every row with attend(); returns whether it matched.
@@ -128,6 +132,63 @@ bool run_case(int* failures, const char* name, const Cache& c, int64_t b, int64_
   return selftest::check(failures, name, rc == 0 && finite && diff < 1e-5 && lse_err < 1e-4, detail);
 }
 
+// flash_mla_sparse_fwd over the bf16 cache's rows, read every second row (kv row stride 2 rows):
+// kv row r is cache slot 2r. Compares out (sink applied), lse and max_logits with attend().
+bool run_prefill_case(int* failures, const Cache& c, Rng& rng) {
+  constexpr int64_t s_q = 4, h_q = 16, topk = 150;
+  const int64_t s_kv = c.blocks * kBlock / 2;
+  std::vector<uint16_t> q(static_cast<size_t>(s_q * h_q * kD));
+  for (auto& v : q) v = pk::f32_to_bf16(float(rng.normal() * 0.3));
+  std::vector<int32_t> indices(static_cast<size_t>(s_q * topk));
+  for (auto& x : indices) {
+    const double u = rng.uniform();
+    x = u < 0.1 ? -1 : u < 0.2 ? int32_t(s_kv + rng.below(50)) : int32_t(rng.below(s_kv));
+  }
+  const std::vector<int32_t> lengths = {150, 0, 70, 1000};  // 1000 > topk: clamped
+  std::vector<float> sink(h_q);
+  for (auto& x : sink) x = float(rng.normal() * 2);
+  // token 0 split in three (one range past its keys), the others whole
+  constexpr int64_t kOpen = int64_t(1) << 62;
+  const std::vector<int64_t> splits = {0, 0, 64, 0, 0, 64, 128, 1, 0, 128, kOpen, 2, 1, 0, kOpen, -1,
+                                       2, 0, kOpen, -1, 3, 0, kOpen, -1};
+  std::vector<uint16_t> out(size_t(s_q * h_q * 512), 0x7FC0);  // poisoned: NaN
+  std::vector<float> lse(size_t(s_q * h_q), NAN), mxl(size_t(s_q * h_q), NAN);
+  const double scale = 1.0 / std::sqrt(double(kD));
+  const int rc = pk_mla_sparse_prefill(q.data(), s_q, h_q, kD, c.bytes.data(), s_kv, 2 * c.row_bytes(), indices.data(),
+                                       topk, lengths.data(), sink.data(), float(scale), splits.data(), 6, 3, out.data(),
+                                       mxl.data(), lse.data(), 2, 1);
+  std::vector<double> got, want;
+  double err = 0;
+  bool finite = true;
+  for (int64_t i = 0; i < s_q; ++i) {
+    std::vector<int64_t> slots;
+    for (int64_t k = 0; k < std::min<int64_t>(lengths[i], topk); ++k) {
+      const int32_t r = indices[i * topk + k];
+      if (r >= 0 && r < s_kv) slots.push_back(2 * int64_t(r));
+    }
+    for (int64_t h = 0; h < h_q; ++h) {
+      double ref[512], ref_lse, ref_mx;
+      attend(c, q.data() + (i * h_q + h) * kD, slots, scale, ref, &ref_lse, &ref_mx);
+      const double keep = std::isinf(ref_lse) ? 0.0 : 1.0 / (1.0 + std::exp(double(sink[h]) - ref_lse));
+      const uint16_t* o = out.data() + (i * h_q + h) * 512;
+      for (int64_t x = 0; x < 512; ++x) {
+        got.push_back(pk::bf16_to_f32(o[x]));
+        want.push_back(ref[x] * keep);
+        finite = finite && std::isfinite(got.back());
+      }
+      const float l = lse[i * h_q + h], m = mxl[i * h_q + h];
+      const bool none = slots.empty();
+      const bool marks = none ? (std::isinf(l) && l > 0 && std::isinf(m) && m < 0) : true;
+      err = std::max(err, !marks ? INFINITY : none ? 0.0 : std::max(std::fabs(l - ref_lse), std::fabs(m - ref_mx)));
+    }
+  }
+  const double diff = selftest::calc_diff(got, want);
+  char detail[160];
+  std::snprintf(detail, sizeof detail, "rc %d, calc_diff %.2e, max |lse, max_logits error| %.2e", rc, diff, err);
+  return selftest::check(failures, "mla sparse prefill, bf16 kv view", rc == 0 && finite && diff < 1e-5 && err < 1e-4,
+                         detail);
+}
+
 }  // namespace
 
 int selftest_mla() {
@@ -155,6 +216,7 @@ int selftest_mla() {
     std::vector<int64_t> sparse = {0, 0, kOpen, -1, 1, 0, kOpen, -1, 2, 0, kOpen, -1, 3, 0, kOpen, -1};
     run_case(&failures, fp8 ? "mla sparse, fp8 cache" : "mla sparse, bf16 cache", c, 2, 2, 16, table, max_blocks,
              seqlens, indices, topk, false, sparse, rng);
+    if (!fp8) run_prefill_case(&failures, c, rng);
   }
   return failures;
 }
