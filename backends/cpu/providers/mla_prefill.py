@@ -10,6 +10,8 @@ s_q jobs.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from portable_kernels.core.native.build import num_threads
@@ -39,6 +41,15 @@ def sparse_plan(keys: torch.Tensor, threads: int) -> torch.Tensor:
     end = torch.where(last, torch.full_like(part, OPEN_END), (part + 1) * step)
     slot = torch.where(split, torch.cumsum(split, 0) - 1, torch.full_like(part, -1))
     return torch.stack((job, part * step, end, slot), 1)
+
+
+@functools.lru_cache(maxsize=64)
+def uniform_plan(jobs: int, keys: int, threads: int) -> tuple[torch.Tensor, int]:
+    """(sparse_plan of `jobs` jobs of `keys` keys each, its partial slot count): the plan of every call
+    without topk_length, kept per shape (the kernel only reads it; a decode step's plan costs more
+    than its attention at small sizes)."""
+    plan = sparse_plan(torch.full((jobs,), keys, dtype=torch.int64), threads)
+    return plan, int((plan[:, 3] >= 0).sum())
 
 
 def _unit_channels(t) -> bool:
@@ -106,9 +117,11 @@ def sparse_prefill_native(call, engine: str | None = None) -> None:
         chk.contiguous(OP, arg, chk.tensor(OP, arg, t, (dtype,), shape))
     if s_q == 0 or h_q == 0:
         return
-    keys = lengths.clamp(0, topk) if lengths is not None else torch.full((s_q,), topk, dtype=torch.int64)
-    plan = sparse_plan(keys, num_threads())
-    nslots = int((plan[:, 3] >= 0).sum())
+    if lengths is None:
+        plan, nslots = uniform_plan(s_q, topk, num_threads())
+    else:
+        plan = sparse_plan(lengths.clamp(0, topk), num_threads())
+        nslots = int((plan[:, 3] >= 0).sum())
     status = lib.pk_mla_sparse_prefill(q.data_ptr(), s_q, h_q, d, kv.data_ptr(), kv.shape[0],
                                        kv.stride(0) * kv.element_size(), indices.data_ptr(), topk, chk.ptr(lengths),
                                        chk.ptr(sink), float(call.sm_scale), plan.data_ptr(), plan.shape[0], nslots,

@@ -140,6 +140,9 @@ def test_the_vectorised_plan_is_the_decode_plan():
         keys[3] = 0
         want = nm.mla_split_plan(keys.tolist(), 1, threads)[0]
         assert torch.equal(mp.sparse_plan(keys, threads), want)
+        uniform, nslots = mp.uniform_plan(5, 3000, threads)  # kept per shape: calls without topk_length
+        assert torch.equal(uniform, nm.mla_split_plan([3000] * 5, 1, threads)[0])
+        assert nslots == int((uniform[:, 3] >= 0).sum()) and (nslots > 0) == (threads > 2)
 
 
 @pytest.mark.parametrize("topk,lengths", [(2048, False), (1500, True)])
