@@ -15,6 +15,7 @@
 //    not) is applied in fp32. B comes pre-packed in VNNI tile order (packed once at ingest).
 // Python validates every argument before calling; these functions trust shapes and pointers.
 #include "pk_native.h"
+#include "pk_pool.h"
 #include "simd_f32.h"
 
 #include <sys/syscall.h>
@@ -668,16 +669,13 @@ void fma_engine(const Operand& a, const Operand& b, const Output& o, const Seg* 
   if (threads == 1) {
     for (int64_t i = 0; i < total_rows; ++i) dequant_a(i);
     for (int64_t t = 0; t < tasks; ++t) fma_task(p, t, caller);
-  } else {
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < total_rows; ++i) dequant_a(i);
+  } else {  // the library's own workers (pk_pool.h), not an OpenMP region
+    pk::parallel_for(total_rows, threads, dequant_a);
+    pk::parallel_for(tasks, threads, [&](int64_t t) {
       FmaScratch& mine = fma_scratch();
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t t = 0; t < tasks; ++t) fma_task(p, t, mine);
-      if (&mine != &caller) mine.trim();
-    }
+      fma_task(p, t, mine);
+      if (&mine != &caller) mine.trim();  // a worker keeps at most kKeep floats between calls
+    });
   }
   caller.trim();
 }

@@ -22,6 +22,7 @@
 // logits width is skipped and a cache block reference outside the table or the cache reads as a zero
 // key; both are counted and the wrapper raises (the op's checks make them impossible).
 #include "pk_native.h"
+#include "pk_pool.h"
 
 #include <vector>
 
@@ -378,11 +379,11 @@ PK_EXPORT int64_t pk_indexer_logits(const IndexerCall* p) {
     for (const Task& t : tasks) bad += run_task(c, groups[t.group], t.k0, t.k1, s);
     return bad;
   }
-#pragma omp parallel num_threads(threads) reduction(+ : bad)
-  {
-    Scratch s;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < ntasks; ++t) bad += run_task(c, groups[tasks[t].group], tasks[t].k0, tasks[t].k1, s);
-  }
-  return bad;
+  std::atomic<int64_t> bad_tasks{0};
+  pk::parallel_for(ntasks, threads, [&](int64_t t) {
+    static thread_local Scratch s;  // each worker's, kept between tasks and calls
+    const int64_t r = run_task(c, groups[tasks[t].group], tasks[t].k0, tasks[t].k1, s);
+    if (r) bad_tasks += r;
+  });
+  return bad + bad_tasks.load();
 }

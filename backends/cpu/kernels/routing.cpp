@@ -4,6 +4,7 @@
 // token's expert rows, in one pass over the token's rows). Indices were validated in Python; they
 // are still bounds-checked here, so no value can make these read or write out of bounds.
 #include "pk_native.h"
+#include "pk_pool.h"
 
 #include <vector>
 
@@ -30,12 +31,10 @@ PK_EXPORT void pk_top2_sum_gate(const float* ranked, const float* scores, int64_
   const bool grouped = groups > 0 && topk_groups < groups;
   const int64_t per_group = grouped ? E / groups : E;
   const int threads = T * E < 65536 ? 1 : std::max(1, nthreads);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+  pk::parallel_blocks(T, threads, [&](int64_t t0, int64_t t1) {
     std::vector<float> biased(static_cast<size_t>(E)), gscore(static_cast<size_t>(groups > 0 ? groups : 1));
     std::vector<int64_t> order, keep(static_cast<size_t>(groups > 0 ? groups : 1)), best(static_cast<size_t>(k));
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = t0; t < t1; ++t) {
       const float* s = scores + t * E;
       std::memcpy(biased.data(), ranked + t * E, static_cast<size_t>(E) * 4);
       if (grouped) {
@@ -74,7 +73,7 @@ PK_EXPORT void pk_top2_sum_gate(const float* ranked, const float* scores, int64_
         weights[t * k + j] = off ? 0.0f : w;
       }
     }
-  }
+  });
 }
 
 // x: T rows of row_bytes (src_ld bytes apart); ttp: [T, k] int32/int64 positions (negative: none);
@@ -90,24 +89,25 @@ PK_EXPORT void pk_expand(const void* x, int64_t T, int64_t row_bytes, int64_t sr
       if (p >= 0 && p < P) token[p] = t;
     }
   const int threads = double(P) * double(row_bytes) < 262144.0 ? 1 : std::max(1, nthreads);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-  for (int64_t p = 0; p < P; ++p) {
-    uint8_t* o = static_cast<uint8_t*>(out) + p * out_ld;
-    const int64_t t = token[p];
-    if (t >= 0)
-      std::memcpy(o, static_cast<const uint8_t*>(x) + t * src_ld, static_cast<size_t>(row_bytes));
-    else
-      std::memset(o, 0, static_cast<size_t>(row_bytes));
-    if (out_sf) {
-      uint8_t* os = static_cast<uint8_t*>(out_sf) + p * out_sf_row;
-      const uint8_t* is = t >= 0 ? static_cast<const uint8_t*>(x_sf) + t * sf_row : nullptr;
-      for (int64_t j = 0; j < S; ++j) {
-        uint32_t v = 0;
-        if (is) std::memcpy(&v, is + j * sf_col, 4);
-        std::memcpy(os + j * out_sf_col, &v, 4);
+  pk::parallel_blocks(P, threads, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      uint8_t* o = static_cast<uint8_t*>(out) + p * out_ld;
+      const int64_t t = token[p];
+      if (t >= 0)
+        std::memcpy(o, static_cast<const uint8_t*>(x) + t * src_ld, static_cast<size_t>(row_bytes));
+      else
+        std::memset(o, 0, static_cast<size_t>(row_bytes));
+      if (out_sf) {
+        uint8_t* os = static_cast<uint8_t*>(out_sf) + p * out_sf_row;
+        const uint8_t* is = t >= 0 ? static_cast<const uint8_t*>(x_sf) + t * sf_row : nullptr;
+        for (int64_t j = 0; j < S; ++j) {
+          uint32_t v = 0;
+          if (is) std::memcpy(&v, is + j * sf_col, 4);
+          std::memcpy(os + j * out_sf_col, &v, 4);
+        }
       }
     }
-  }
+  });
 }
 
 // x: bf16/fp32 [P, H] contiguous (x_bf16); x_sf fp32 [P] or null; weights fp32 [T, k] or null;
@@ -117,11 +117,9 @@ PK_EXPORT void pk_reduce(const void* x, int x_bf16, int64_t P, int64_t H, const 
                          int nthreads) {
   // out_kind: 0 fp32, 1 bf16, 2 fp8 e4m3
   const int threads = double(T) * double(k) * double(H) < 65536.0 ? 1 : std::max(1, nthreads);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+  pk::parallel_blocks(T, threads, [&](int64_t t0, int64_t t1) {
     std::vector<float> acc(static_cast<size_t>(H));
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = t0; t < t1; ++t) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = 0; j < k; ++j) {
         const int64_t p = idx64 ? static_cast<const int64_t*>(ttp)[t * k + j] : static_cast<const int32_t*>(ttp)[t * k + j];
@@ -160,7 +158,7 @@ PK_EXPORT void pk_reduce(const void* x, int x_bf16, int64_t P, int64_t H, const 
         }
       }
     }
-  }
+  });
 }
 
 // get_fused_mapping as one counting sort: idx [T, k] (int32, or int64 when idx64) of experts < E,

@@ -8,6 +8,7 @@
 // contract refuses NaN inside a valid range before any provider runs. Lengths are clamped to the
 // row, so no value of `end` can make this read out of bounds.
 #include "pk_native.h"
+#include "pk_pool.h"
 
 #include <vector>
 
@@ -234,14 +235,15 @@ int64_t topk_all(const void* input, bool bf16, int64_t b, int64_t n, int64_t row
     for (int64_t r = 0; r < b; ++r) nan_rows += run_row(r, cand, sel) ? 0 : 1;
     return nan_rows;
   }
-#pragma omp parallel num_threads(threads) reduction(+ : nan_rows)
-  {
+  std::atomic<int64_t> bad_rows{0};
+  pk::parallel_blocks(b, threads, [&](int64_t r0, int64_t r1) {
     std::vector<uint32_t> cand;
     std::vector<int64_t> sel;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < b; ++r) nan_rows += run_row(r, cand, sel) ? 0 : 1;
-  }
-  return nan_rows;
+    int64_t bad = 0;
+    for (int64_t r = r0; r < r1; ++r) bad += run_row(r, cand, sel) ? 0 : 1;
+    bad_rows += bad;
+  });
+  return nan_rows + bad_rows.load();
 }
 
 }  // namespace
