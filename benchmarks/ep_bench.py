@@ -16,7 +16,9 @@ interleaved round by round, each timed from a barrier to the slowest rank's end.
 token rows that cross ranks (dispatch recv_x bytes + combine send bytes, all ranks), as DeepEP
 counts them; GB/s = payload / time. Printed: median GB/s with [min, max] over the rounds, and
 ratio = raw time / buffer time, per round (1.0 = no overhead over the bare collective; target
->= 0.8 on Gloo). NCCL runs the same code on `cuda:rank` (untested here: this machine has no GPU).
+>= 0.8 on Gloo), and the median CPU milliseconds per round of all ranks' processes together (every
+thread, Gloo's too) for buffer and raw: where ranks share few cores, the wall-time ratio follows
+the CPU ratio. NCCL runs the same code on `cuda:rank` (untested here: this machine has no GPU).
 A benchmark, not a test: it prints only.
 """
 
@@ -38,18 +40,21 @@ from portable_kernels.testing.ep_distributed import run_ranks
 from portable_kernels.testing.generators import randn
 
 
-def _synced_seconds(group: Any, device: torch.device, fn) -> float:
-    """Seconds from a barrier to the slowest rank finishing fn."""
+def _synced_seconds(group: Any, device: torch.device, fn) -> tuple[float, float]:
+    """Seconds from a barrier to the slowest rank finishing fn, and the CPU seconds all ranks'
+    processes spent meanwhile (every thread: the Gloo workers' copies too)."""
     dist.barrier(group)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+    cpu_spent = torch.tensor([time.process_time() - cpu], dtype=torch.float64, device=device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-    return float(elapsed.item())
+    dist.all_reduce(cpu_spent, group=group)
+    return float(elapsed.item()), float(cpu_spent.item())
 
 
 def bench_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -99,12 +104,15 @@ def bench_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> di
         for fn in runs.values():
             fn()
     times: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(cfg["rounds"]):
         for name, fn in runs.items():
-            times[name].append(_synced_seconds(group, device, fn))
+            wall, spent = _synced_seconds(group, device, fn)
+            times[name].append(wall)
+            cpu[name].append(spent)
     moved = torch.tensor([recv_rows * (row_bytes + hidden * 2)], dtype=torch.float64, device=device)
     dist.all_reduce(moved, group=group)
-    return {"times": times, "payload_bytes": float(moved.item())}
+    return {"times": times, "cpu": cpu, "payload_bytes": float(moved.item())}
 
 
 def primitives_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> dict[str, str]:
@@ -218,7 +226,7 @@ def main() -> None:
     print(f"ep_bench {datetime.date.today()} backend={args.backend} tokens/rank={args.tokens} hidden={args.hidden} "
           f"topk={args.topk} experts={args.experts} fp8={args.fp8} rounds={args.rounds} torch={torch.__version__}")
     print(f"{'ranks':>5} {'payload MB':>10} {'buffer GB/s median [min, max]':>30} {'raw GB/s':>22} {'ratio':>22}"
-          f" {'raw_alloc GB/s':>22} {'ratio_alloc':>22}")
+          f" {'raw_alloc GB/s':>22} {'ratio_alloc':>22} {'cpu ms buffer / raw':>20}")
     for num_ranks in args.ranks:
         outcomes = run_ranks(num_ranks, bench_rank, (cfg,), backend=args.backend, timeout_s=1800)
         bad = [o.describe() for o in outcomes if not o.ok]
@@ -231,6 +239,8 @@ def main() -> None:
             ratios = sorted(r / b for r, b in zip(times[name], times["buffer"]))
             line += (f" {_summary(payload, times[name]):>22} {statistics.median(ratios):>7.3f} "
                      f"[{ratios[0]:.3f}, {ratios[-1]:.3f}]")
+        cpu = result["cpu"]
+        line += f" {statistics.median(cpu['buffer']) * 1e3:>10.1f} / {statistics.median(cpu['raw']) * 1e3:.1f}"
         print(line)
 
 

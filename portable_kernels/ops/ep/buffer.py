@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -44,6 +45,11 @@ from .wire import Field, OpCode
 ALL_TO_ALL_ENGINE = "all-to-all"
 #: environment variable with the default collective timeout in seconds
 TIMEOUT_ENV = "PK_EP_TIMEOUT_S"
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """t's in-place version counter; None for inference tensors, which have none (never trusted)."""
+    return None if t.is_inference() else t._version
 
 
 def _noop_hook() -> None:
@@ -127,6 +133,8 @@ class Buffer:
         self.low_latency_engine: LowLatencyEngine = self._engine(low_latency_engine)
         self._seq = 0
         self._combine_buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        #: what the last get_dispatch_layout took and returned (weak references and versions)
+        self._layout_seen: tuple[int, tuple[Any, ...]] | None = None
         self._destroyed = False
 
     def _engine(self, given: Any) -> LowLatencyEngine:
@@ -221,7 +229,23 @@ class Buffer:
         chk.check_flags(op, async_finish=async_finish, allocate_on_comm_stream=allocate_on_comm_stream)
         self._wait(previous_event)
         per_rank, _, per_expert, in_rank = _layout(topk_idx, num_experts, self.group_size)
+        self._layout_seen = (num_experts, tuple((weakref.ref(t), _version(t)) for t in (topk_idx, per_rank, per_expert,
+                                                                                          in_rank)))
         return per_rank, rdma_rank_counts(in_rank), per_expert, in_rank, completed_event(topk_idx.device)
+
+    def _layout_verified(self, topk_idx: Any, num_tokens_per_rank: Any, num_tokens_per_expert: Any,
+                         is_token_in_rank: Any) -> bool:
+        """Whether these are the very tensors this Buffer's last get_dispatch_layout took and
+        returned, none changed in place since (their version counters): then dispatch checks only
+        their dtypes and shapes, not their values again (DeepEP's flow: layout, then dispatch)."""
+        seen = self._layout_seen
+        if seen is None or not isinstance(num_tokens_per_expert, torch.Tensor):
+            return False
+        num_experts, refs = seen
+        given = (topk_idx, num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank)
+        return num_tokens_per_expert.shape[0] == num_experts and all(
+            isinstance(t, torch.Tensor) and ref() is t and version is not None and _version(t) == version
+            for (ref, version), t in zip(refs, given))
 
     # ------------------------------------------------------------------ normal mode
 
@@ -285,12 +309,15 @@ class Buffer:
         if topk_weights is not None and topk_idx is None:
             raise ContractError(format_problem(op, "topk_weights", "given without topk_idx", "None, or topk_idx too",
                                                "pass topk_idx with its weights"))
+        verified = topk_idx is not None and self._layout_verified(topk_idx, num_tokens_per_rank, num_tokens_per_expert,
+                                                                  is_token_in_rank)
         num_experts = chk.check_layout_inputs(op, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, None,
-                                              tokens, self.group_size, device)
+                                              tokens, self.group_size, device, values=not verified)
         if topk_idx is not None:
-            chk.check_topk(op, topk_idx, topk_weights, num_experts, tokens, device)
-            chk.check_layout_inputs(op, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx,
-                                    tokens, self.group_size, device)
+            chk.check_topk(op, topk_idx, topk_weights, num_experts, tokens, device, values=not verified)
+            if not verified:
+                chk.check_layout_inputs(op, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx,
+                                        tokens, self.group_size, device)
         return plan_dispatch(data, scales, is_token_in_rank, topk_idx, topk_weights, num_experts, num_tokens_per_expert,
                              expert_alignment, num_worst_tokens, None, self._normal_budget())
 

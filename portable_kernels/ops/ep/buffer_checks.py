@@ -59,8 +59,11 @@ def check_config(op: str, config: Any) -> None:
 
 
 def check_layout_inputs(op: str, num_tokens_per_rank: Any, is_token_in_rank: Any, num_tokens_per_expert: Any,
-                        topk_idx: Any, num_tokens: int, num_ranks: int, device: torch.device) -> int:
-    """DeepEP's non-cached dispatch layout tensors; returns num_experts (= num_tokens_per_expert.numel())."""
+                        topk_idx: Any, num_tokens: int, num_ranks: int, device: torch.device,
+                        values: bool = True) -> int:
+    """DeepEP's non-cached dispatch layout tensors; returns num_experts (= num_tokens_per_expert.numel()).
+    values=False: dtypes and shapes only (the tensors are those this Buffer's get_dispatch_layout
+    returned for topk_idx, all unchanged since)."""
     for arg, value in (("num_tokens_per_rank", num_tokens_per_rank), ("is_token_in_rank", is_token_in_rank),
                        ("num_tokens_per_expert", num_tokens_per_expert)):
         if value is None:
@@ -77,7 +80,7 @@ def check_layout_inputs(op: str, num_tokens_per_rank: Any, is_token_in_rank: Any
         raise ContractError(format_problem(op, "num_tokens_per_expert", f"of length {num_experts}",
                                            f"num_experts, a positive multiple of the {num_ranks} ranks",
                                            "give every rank the same number of experts"))
-    if not checks_values(is_token_in_rank, num_tokens_per_rank, num_tokens_per_expert):
+    if not values or not checks_values(is_token_in_rank, num_tokens_per_rank, num_tokens_per_expert):
         return num_experts
     per_rank = is_token_in_rank.sum(dim=0)
     if not torch.equal(per_rank.long(), num_tokens_per_rank.long()):
@@ -98,9 +101,10 @@ def check_layout_inputs(op: str, num_tokens_per_rank: Any, is_token_in_rank: Any
 
 
 def check_topk(op: str, topk_idx: Any, topk_weights: Any, num_experts: int, num_tokens: int,
-               device: torch.device) -> None:
-    """topk_idx int64/int32 [T, k] (< num_experts, negative = none, distinct); weights fp32 [T, k] or None."""
-    _check_topk_idx(op, "topk_idx", topk_idx, num_experts, num_tokens, None, device)
+               device: torch.device, values: bool = True) -> None:
+    """topk_idx int64/int32 [T, k] (< num_experts, negative = none, distinct); weights fp32 [T, k] or None.
+    values=False: the ids' dtype and shape only (see check_layout_inputs)."""
+    _check_topk_idx(op, "topk_idx", topk_idx, num_experts, num_tokens, None, device, values)
     if topk_weights is not None:
         _check_tensor(op, "topk_weights", topk_weights, (WEIGHT_DTYPE,), tuple(topk_idx.shape), device,
                       "pass fp32 weights shaped like topk_idx")

@@ -54,13 +54,15 @@ def _check_tensor(op: str, arg: str, t: Any, dtypes: tuple[torch.dtype, ...], sh
 
 
 def _check_topk_idx(op: str, arg: str, idx: Any, num_experts: int, num_tokens: int | None, num_topk: int | None,
-                    device: torch.device | None) -> torch.Tensor:
+                    device: torch.device | None, values: bool = True) -> torch.Tensor:
+    """values=False: dtype and shape only (the ids were checked already, e.g. by this Buffer's
+    get_dispatch_layout on the same unchanged tensor)."""
     _check_tensor(op, arg, idx, TOPK_IDX_DTYPES, (num_tokens, num_topk), device,
                   "pass the router's expert ids, int64 [num_tokens, num_topk] (negative = no expert)")
     if idx.shape[1] == 0:
         raise ContractError(format_problem(op, arg, "of shape (T, 0)", "at least one top-k column",
                                            "pass num_topk >= 1 (mark unused entries with -1)"))
-    if idx.numel() == 0 or not checks_values(idx):
+    if not values or idx.numel() == 0 or not checks_values(idx):
         return idx  # on an accelerator reading the ids would synchronize; see contract.checks_values
     top = int(idx.max())
     if top >= num_experts:

@@ -125,3 +125,61 @@ def test_native_row_passes_give_the_reference_bytes_on_every_rank(num_ranks):
                 assert {op for op, _ in ran} >= {"ep_pack_dispatch_rows", "ep_unpack_dispatch_meta"}, (name, ran)
             if name in ("bf16 weights bias", "fp8 int32 ids two biases", "worst tokens", "no topk"):
                 assert "ep_combine_rows" in {op for op, _ in ran}, (name, ran)
+
+
+# -- the layout a Buffer computed itself is not checked again ---------------------------------------
+
+@pytest.fixture
+def solo():
+    import datetime
+
+    import torch.distributed as dist
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=30))
+    return Buffer(group, int(1e8), timeout=30)
+
+
+def _routed(buffer: Buffer):
+    idx = random_routing(16, 2, 8, seed=1)
+    x = randn(16, 128, seed=2).bfloat16()
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, 8)
+    return x, idx, dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+
+
+def test_dispatch_skips_recomputing_the_layout_this_buffer_returned(solo, monkeypatch):
+    from portable_kernels.ops.ep import buffer_checks
+
+    x, idx, layout = _routed(solo)
+
+    def recomputed(*args, **kwargs):
+        raise AssertionError("the layout was recomputed")
+
+    monkeypatch.setattr(buffer_checks, "get_dispatch_layout", recomputed)
+    recv = solo.dispatch(x, topk_idx=idx, **layout)  # the tensors get_dispatch_layout returned, unchanged
+    assert torch.equal(recv[0], x[layout["is_token_in_rank"][:, 0]])
+    with pytest.raises(AssertionError, match="recomputed"):  # another tensor with the same ids is checked
+        solo.dispatch(x, topk_idx=idx.clone(), **layout)
+
+
+def test_a_layout_changed_in_place_after_get_dispatch_layout_is_checked_again(solo):
+    from portable_kernels.core.errors import ContractError
+
+    x, idx, layout = _routed(solo)
+    layout["is_token_in_rank"][0, 0] = ~layout["is_token_in_rank"][0, 0]
+    with pytest.raises(ContractError, match="num_tokens_per_rank"):
+        solo.dispatch(x, topk_idx=idx, **layout)
+    x, idx, layout = _routed(solo)
+    idx[0, 0] = 99
+    with pytest.raises(ContractError, match="expert id 99"):
+        solo.dispatch(x, topk_idx=idx, **layout)
+
+
+def test_inference_tensors_are_always_checked(solo, monkeypatch):
+    from portable_kernels.ops.ep import buffer_checks
+
+    with torch.inference_mode():
+        x, idx, layout = _routed(solo)
+        calls = []
+        real = buffer_checks.get_dispatch_layout
+        monkeypatch.setattr(buffer_checks, "get_dispatch_layout", lambda *a: calls.append(1) or real(*a))
+        solo.dispatch(x, topk_idx=idx, **layout)  # no version counter: the layout is recomputed
+    assert calls == [1]
