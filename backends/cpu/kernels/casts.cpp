@@ -8,6 +8,7 @@
 // true division, as torch does) clamped and rounded to nearest even (c10's conversion rules).
 // NaN propagates into its block's scale and values as in the reference.
 #include "pk_native.h"
+#include "pk_pool.h"
 
 #include <vector>
 
@@ -203,11 +204,11 @@ int64_t swiglu_rows(const SwigluArgs& s, int nthreads) {
   const int64_t nb = (s.I + s.per - 1) / s.per;
   int64_t c_gate = 0, c_up_hi = 0, c_up_lo = 0, bad = 0;
   const int threads = pick_threads(nthreads, double(s.M) * double(2 * s.I) * 2.0, s.M);
-#pragma omp parallel num_threads(threads) if (threads > 1) reduction(+ : c_gate, c_up_hi, c_up_lo, bad)
-  {
+  std::atomic<int64_t> sums[4] = {};  // c_gate, c_up_hi, c_up_lo, bad of every block
+  pk::parallel_blocks(s.M, threads, [&](int64_t r0, int64_t r1) {
+    int64_t c_gate = 0, c_up_hi = 0, c_up_lo = 0, bad = 0;
     std::vector<float> y(static_cast<size_t>(s.I + 16));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < s.M; ++r) {
+    for (int64_t r = r0; r < r1; ++r) {
       bool valid = !(s.pos_to_expert && s.pos_to_expert[r] < 0);
       float w = 1.0f;
       if (s.pos_to_token_topk) {
@@ -261,7 +262,12 @@ int64_t swiglu_rows(const SwigluArgs& s, int nthreads) {
         sr[b] = cast_block_fp8(y.data(), kF32, s.I, 0, 1, k0, kn, s.round_sf, qr, &bad);
       }
     }
-  }
+    sums[0] += c_gate;
+    sums[1] += c_up_hi;
+    sums[2] += c_up_lo;
+    sums[3] += bad;
+  });
+  c_gate = sums[0].load(), c_up_hi = sums[1].load(), c_up_lo = sums[2].load(), bad = sums[3].load();
   if (s.counts) {
     s.counts[0] += c_gate;
     s.counts[1] += c_up_hi;
@@ -351,17 +357,22 @@ PK_EXPORT int64_t pk_cast_fp8(const void* x, int in_kind, int64_t L, int64_t MN,
   const int64_t elem = in_kind == kF32 ? 4 : 2;
   const int threads = pick_threads(pk::thread_count(nthreads), double(L * MN * K) * elem, L * bm);
   int64_t bad = 0;
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(dynamic, 16) reduction(+ : bad)
-  for (int64_t t = 0; t < L * bm; ++t) {
-    const int64_t l = t / bm, b = t % bm;
-    const uint8_t* xl = static_cast<const uint8_t*>(x) + l * MN * K * elem;
-    uint8_t* ql = static_cast<uint8_t*>(q) + l * MN * K;
-    const int64_t r0 = b * gm, rows = std::min(gm, MN - r0);
-    for (int64_t kb = 0; kb < bk; ++kb) {
-      const int64_t k0 = kb * gk, kn = std::min(gk, K - k0);
-      scale[(l * bm + b) * bk + kb] = cast_block_fp8(xl, in_kind, K, r0, rows, k0, kn, ue8m0 != 0, ql, &bad);
+  std::atomic<int64_t> refused{0};
+  pk::parallel_blocks(L * bm, threads, [&](int64_t t0, int64_t t1) {
+    int64_t mine = 0;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t l = t / bm, b = t % bm;
+      const uint8_t* xl = static_cast<const uint8_t*>(x) + l * MN * K * elem;
+      uint8_t* ql = static_cast<uint8_t*>(q) + l * MN * K;
+      const int64_t r0 = b * gm, rows = std::min(gm, MN - r0);
+      for (int64_t kb = 0; kb < bk; ++kb) {
+        const int64_t k0 = kb * gk, kn = std::min(gk, K - k0);
+        scale[(l * bm + b) * bk + kb] = cast_block_fp8(xl, in_kind, K, r0, rows, k0, kn, ue8m0 != 0, ql, &mine);
+      }
     }
-  }
+    refused += mine;
+  });
+  bad += refused.load();
   return bad;
 }
 
@@ -373,14 +384,16 @@ PK_EXPORT int64_t pk_cast_fp4(const void* x, int in_kind, int64_t R, int64_t K, 
   const int64_t elem = in_kind == kF32 ? 4 : 2;
   const int threads = pick_threads(pk::thread_count(nthreads), double(R * K) * elem, R);
   int64_t bad = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1) reduction(+ : bad)
-  {
+  std::atomic<int64_t> refused{0};
+  pk::parallel_blocks(R, threads, [&](int64_t r0, int64_t r1) {
     std::vector<uint8_t> codes;
-#pragma omp for schedule(dynamic, 16)
-    for (int64_t r = 0; r < R; ++r)
-      bad += cast_row_fp4(static_cast<const uint8_t*>(x) + r * K * elem, in_kind, K, gk, ue8m0 != 0,
-                   static_cast<uint8_t*>(q) + r * (K / 2), scale + r * bk, codes);
-  }
+    int64_t mine = 0;
+    for (int64_t r = r0; r < r1; ++r)
+      mine += cast_row_fp4(static_cast<const uint8_t*>(x) + r * K * elem, in_kind, K, gk, ue8m0 != 0,
+                           static_cast<uint8_t*>(q) + r * (K / 2), scale + r * bk, codes);
+    refused += mine;
+  });
+  bad += refused.load();
   return bad;
 }
 
@@ -404,14 +417,16 @@ PK_EXPORT int64_t pk_cast_e5m6(const void* x, int in_kind, int64_t M, int64_t K,
   const int64_t elem = in_kind == kF32 ? 4 : 2;
   const int threads = pick_threads(pk::thread_count(nthreads), double(M * K) * elem, M);
   int64_t bad = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1) reduction(+ : bad)
-  {
+  std::atomic<int64_t> refused{0};
+  pk::parallel_blocks(M, threads, [&](int64_t r0, int64_t r1) {
     std::vector<float> inv;
-#pragma omp for schedule(dynamic, 16)
-    for (int64_t r = 0; r < M; ++r)
+    int64_t mine = 0;
+    for (int64_t r = r0; r < r1; ++r)
       cast_row_e5m6(static_cast<const uint8_t*>(x) + r * K * elem, in_kind, K, per, round_sf != 0,
-                    static_cast<uint8_t*>(q) + r * (K / 8 * 12), scale + r * groups, inv, &bad);
-  }
+                    static_cast<uint8_t*>(q) + r * (K / 8 * 12), scale + r * groups, inv, &mine);
+    refused += mine;
+  });
+  bad += refused.load();
   return bad;
 }
 

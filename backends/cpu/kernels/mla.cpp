@@ -11,6 +11,7 @@
 // [s_kv, 1, d] key array (a page of one token per row): the same jobs, plus each row's max logit,
 // an attention sink and per-row topk_length (pk_mla_sparse_prefill).
 // Every index was validated in Python (reject_bad_cache_references); they are clamped here anyway.
+#include "pk_pool.h"
 #include "mla_amx.h"
 #include "mla_fma.h"
 
@@ -39,7 +40,7 @@ void finish_row(const Args& a, const Job& j, int64_t r, const float* o, float m,
   *lse = m + std::log(l);
 }
 
-// The engines a thread can run: begin/end bracket a thread's tasks (AMX: the tile configuration).
+// The engines a thread can run: begin/end bracket each task (AMX: the tile configuration).
 struct FmaEngine {
   using Work = fma::Work;
   static void begin() {}
@@ -74,12 +75,12 @@ void decode(const Args& a, const int64_t* splits, int64_t nsplits, int64_t nslot
   std::vector<float> part_o(static_cast<size_t>(nslots * rows * DV)), part_m(static_cast<size_t>(nslots * rows)),
       part_l(static_cast<size_t>(nslots * rows));
   const int threads = std::max<int>(1, std::min<int64_t>(nthreads, nsplits));
-#pragma omp parallel num_threads(threads)
-  {
+  // the library's own workers (pk_pool.h), not an OpenMP region: every split a task, then every
+  // merge a task (the first call returns only when all splits are done)
+  pk::parallel_for(nsplits, threads, [&](int64_t t) {
+    static thread_local typename Engine::Work w;  // each thread's buffers, kept between calls
     Engine::begin();
-    typename Engine::Work w;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < nsplits; ++t) {
+    {
       const int64_t* sp = splits + 4 * t;
       const Job j = job_of(sp[0]);
       const int64_t k0 = std::min(sp[1], j.keys), k1 = std::min(sp[2], j.keys);
@@ -93,12 +94,13 @@ void decode(const Args& a, const int64_t* splits, int64_t nsplits, int64_t nslot
       }
     }
     Engine::end();
-    // (the implicit barrier of the loop above) merge the split jobs; a job's splits are consecutive
+  });
+  // merge the split jobs; a job's splits are consecutive
+  if (nslots > 0) pk::parallel_for(nsplits, threads, [&](int64_t t) {
+    const int64_t* sp = splits + 4 * t;
+    if (sp[3] < 0 || (t > 0 && splits[4 * (t - 1)] == sp[0])) return;  // first split of a split job only
     std::vector<float> o(DV);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < nsplits; ++t) {
-      const int64_t* sp = splits + 4 * t;
-      if (sp[3] < 0 || (t > 0 && splits[4 * (t - 1)] == sp[0])) continue;  // first split of a split job only
+    {
       int64_t last = t;
       while (last + 1 < nsplits && splits[4 * (last + 1)] == sp[0]) ++last;
       const Job j = job_of(sp[0]);
@@ -120,7 +122,7 @@ void decode(const Args& a, const int64_t* splits, int64_t nsplits, int64_t nslot
         finish_row(a, j, r, o.data(), m, l);
       }
     }
-  }
+  });
 }
 
 int engines() {
