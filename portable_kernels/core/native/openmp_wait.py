@@ -7,7 +7,9 @@ partner needs, and a parallel region can take many times longer than on one thre
 this project's 2-core machine at load 4-5: the demo's MoE layer 86 ms with default waiting,
 17.5 ms with GOMP_SPINCOUNT=10000, 36 ms with OMP_WAIT_POLICY=passive; docs/cpu-backend.md).
 libgomp reads these variables once, when it is loaded (at `import torch`), so a library cannot
-change them afterwards: `doctor` says so when it matters.
+change them afterwards: `doctor` says so when it matters. Since 2026-12-04 the native kernels run
+on their own worker threads (pk_pool.h: a short spin, then a futex sleep) instead of OpenMP, except
+the AMX GEMM engine; torch's own ops still wait in libgomp, which is what the note is about now.
 """
 
 from __future__ import annotations
@@ -46,5 +48,5 @@ def openmp_wait_note(threads: int, environ: dict[str, str] | None = None, load: 
     cores = usable_cores() if cores is None else cores
     now = f"load average {load:.1f} on {cores} cores now" if load is not None else f"{cores} cores"
     crowded = load is not None and load > cores
-    return (f"OpenMP threads spin while they wait ({' and '.join(WAIT_VARIABLES)} unset; {now}"
+    return (f"OpenMP threads spin while they wait (torch's own ops, the AMX GEMM engine; {' and '.join(WAIT_VARIABLES)} unset; {now}"
             f"{': crowded' if crowded else ''}): {ADVICE}; see docs/cpu-backend.md")

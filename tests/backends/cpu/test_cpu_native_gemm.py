@@ -286,7 +286,7 @@ def test_fp8_dequantization_is_the_references_for_any_finite_scale(tile, one_seg
 
 
 def test_small_calls_on_the_calling_thread_match_the_threaded_run():
-    # M*N*K above the serial threshold runs in an OpenMP region at 2 threads; at 1 thread it runs
+    # M*N*K above the serial threshold runs on the worker threads at 2 threads; at 1 thread it runs
     # without one (the small-call path): the bytes must not depend on which
     m, n, k = 2, 1100, 2048
     a, b = _fp8_operands(m, n, k, seed=6, ue8m0=False)
