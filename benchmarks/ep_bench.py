@@ -2,7 +2,7 @@
 the same bytes, side by side in one run, at several group sizes.
 
 Run: python benchmarks/ep_bench.py [--ranks 2 4 8] [--tokens 512] [--hidden 4096] [--topk 8]
-     [--experts 64] [--rounds 15] [--fp8] [--backend gloo|nccl]
+     [--experts 64] [--rounds 15] [--fp8] [--backend gloo|nccl] [--local | --phases | --primitives]
 
 Per group size, R local processes (CPU tensors over Gloo; with --backend nccl one GPU per rank)
 run, after warm-up, `rounds` rounds of
@@ -115,6 +115,52 @@ def bench_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> di
     return {"times": times, "cpu": cpu, "payload_bytes": float(moved.item())}
 
 
+def phases_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> dict[str, tuple[float, float, float]]:
+    """Per step, median ms of: wall time (from a barrier), this process's CPU time (every thread,
+    Gloo's workers too) and the calling thread's CPU time (the Buffer's own Python and kernels):
+    Buffer.dispatch and Buffer.combine against the raw out and back collectives of the same rows."""
+    torch.set_num_threads(1)
+    tokens, hidden, experts = cfg["tokens"], cfg["hidden"], cfg["experts"]
+    x = randn(tokens, hidden, seed=1000 + rank, dtype=torch.bfloat16)
+    idx = random_routing(tokens, cfg["topk"], experts, seed=2000 + rank)
+    payload = tuple(per_token_cast_to_fp8(x)) if cfg["fp8"] else x
+    buffer = Buffer(group, int(4e9), timeout=300)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, experts)
+    layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+    first = buffer.dispatch(payload, topk_idx=idx, **layout)
+    recv_rows = first[4].recv_src_idx.numel()
+    back = torch.randn(recv_rows, hidden).bfloat16()
+    send_splits = in_rank.sum(dim=0).tolist()
+    recv_splits = first[4].rank_prefix_matrix[:, rank].diff(prepend=torch.zeros(1, dtype=torch.int32)).tolist()
+    row_bytes = hidden * (1 if cfg["fp8"] else 2)
+    raw_send = torch.empty(sum(send_splits), row_bytes, dtype=torch.uint8)
+    raw_recv = torch.empty(recv_rows, row_bytes, dtype=torch.uint8)
+    raw_back_send = torch.empty(recv_rows, hidden * 2, dtype=torch.uint8)
+    raw_back_recv = torch.empty(sum(send_splits), hidden * 2, dtype=torch.uint8)
+    state: dict[str, Any] = {}
+
+    def dispatch() -> None:
+        state["recv"] = buffer.dispatch(payload, topk_idx=idx, **layout)
+
+    steps = {
+        "Buffer.dispatch": dispatch,
+        "Buffer.combine": lambda: buffer.combine(back, state["recv"][4]),
+        "raw out": lambda: dist.all_to_all_single(raw_recv, raw_send, recv_splits, send_splits, group=group),
+        "raw back": lambda: dist.all_to_all_single(raw_back_recv, raw_back_send, send_splits, recv_splits,
+                                                   group=group),
+    }
+    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in steps}
+    for round_ in range(cfg["warmup"] + cfg["rounds"]):
+        for name, fn in steps.items():
+            dist.barrier(group)
+            wall, proc, thread = time.perf_counter(), time.process_time(), time.thread_time()
+            fn()
+            if round_ >= cfg["warmup"]:
+                samples[name].append(((time.perf_counter() - wall) * 1e3, (time.process_time() - proc) * 1e3,
+                                      (time.thread_time() - thread) * 1e3))
+    return {name: tuple(statistics.median(v[i] for v in values) for i in range(3)) for name, values in samples.items()}
+
+
 def primitives_rank(rank: int, num_ranks: int, group: Any, cfg: dict[str, Any]) -> dict[str, str]:
     """The collective choices behind the transport, timed on this group: a small header by
     allgather vs by all-to-all, and an even all-to-all of 2*hidden-byte rows with and without the
@@ -206,12 +252,27 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="dispatch FP8 (data + per-128 scales), combine bf16")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--local", action="store_true", help="only the Buffer's own CPU work, one rank, no peers")
+    parser.add_argument("--phases", action="store_true",
+                        help="per step (dispatch, combine, raw out, raw back): wall, process CPU and calling-thread "
+                             "CPU ms per call, rank 0 and the slowest rank")
     parser.add_argument("--primitives", action="store_true",
                         help="time the collective choices of the transport (ms per call, rank 0's view)")
     args = parser.parse_args()
     cfg = vars(args)
     if args.local:
         local_costs(cfg)
+        return
+    if args.phases:
+        for num_ranks in args.ranks:
+            outcomes = run_ranks(num_ranks, phases_rank, (cfg,), backend=args.backend, timeout_s=900)
+            if not all(o.ok for o in outcomes):
+                raise SystemExit("\n".join(o.describe() for o in outcomes))
+            print(f"{num_ranks} ranks, tokens/rank={args.tokens} hidden={args.hidden} fp8={args.fp8} "
+                  "(ms per call, medians: wall / process CPU / calling-thread CPU; rank 0, then the max over ranks):")
+            for name in outcomes[0].value:
+                worst = [max(o.value[name][i] for o in outcomes) for i in range(3)]
+                print(f"  {name:<16} " + " / ".join(f"{v:.1f}" for v in outcomes[0].value[name])
+                      + "    max " + " / ".join(f"{v:.1f}" for v in worst))
         return
     if args.primitives:
         for num_ranks in args.ranks:
