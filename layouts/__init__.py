@@ -2,7 +2,7 @@
 
 Rule: this package imports torch and the standard library only, and every conversion is exact —
 anything lossy raises LayoutConversionError. Modules: `ue8m0` (exponent-only scales),
-`fp8_scales` (SM90 / SM100 / Ascend MX scale layouts), `fp4` (E2M1 codes and nibble packing),
+`fp8_scales` (SM90 / SM100 / Ascend MX scale layouts), `fp4` (E2M1 codes and nibble packing), `e5m6` (TileKernels' 12-bit E5M6 codes, 8 per 3 words),
 `nz` (Ascend FRACTAL_NZ tiles), `moe` (grouped-GEMM row layouts), `kv_cache` (FlashMLA FP8 cache), `indexer_cache` (DeepGEMM's paged FP8 indexer-key cache);
 `format` (the `Format` value and `PLAIN`), `nvidia` (`SM90`, `SM100`) and `ascend` (`ASCEND_MX_KMAJOR`,
 `ASCEND_MX`, `ASCEND_MX_NZ`, `ASCEND_BF16_VALUES`, `ASCEND_FP32_VALUES`; `ascend_nz`: `ASCEND_BF16_VALUES_NZ`,
@@ -41,6 +41,7 @@ from .constants import (
 )
 from .errors import LayoutConversionError
 from .format import ELEMENTS, PLAIN, Decoded, Encoded, Format, format_named, known_formats
+from .e5m6 import e5m6_decode, e5m6_encode, pack_e5m6, unpack_e5m6
 from .fp4 import (E2M1_VALUES, e2m1_decode, e2m1_encode, e2m1_encode_ties_toward_zero, fp4_scale_from_amax, pack_e2m1,
                   unpack_e2m1)
 from .fp8_scales import (
@@ -237,4 +238,5 @@ __all__ = [
     "flashmla_kv_to_ascend",
     "pack_fp8_kv_cache",
     "unpack_fp8_kv_cache",
+    "e5m6_decode", "e5m6_encode", "pack_e5m6", "unpack_e5m6",
 ]
