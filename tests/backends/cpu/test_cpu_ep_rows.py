@@ -194,3 +194,33 @@ def test_the_registry_picks_native_for_bf16_and_the_reference_for_fp32():
                                                 poison(dest_token.numel(), 4, dtype=torch.uint8)))
         run_rows(UNPACK_DISPATCH_META, UnpackInputs(poison(5, 4, dtype=torch.uint8), 0, None, 0, False, True, 0, 4, 5))
     assert [name for _, _, name in ran] == ["native", "native"]
+
+
+@pytest.fixture
+def two_threads():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_the_threaded_passes_equal_the_reference(two_threads):
+    """Sizes over the kernels' one-thread thresholds, so the OpenMP loops run (2 threads)."""
+    tokens, hidden, num_ranks = 300, 4096, 4
+    x = randn(tokens, hidden, seed=11).bfloat16()
+    ids = torch.randint(-1, 32, (tokens, 4), generator=generator(12))
+    in_rank = _in_rank(tokens, num_ranks, seed=13)
+    dest_token = in_rank.T.nonzero(as_tuple=True)[1]
+    counts = in_rank.sum(dim=0).tolist()
+    packed = {}
+    for name, fn in (("native", ep_rows.pack_native), ("reference", pack_reference)):
+        rows = poison(dest_token.numel(), 2 * hidden, dtype=torch.uint8)
+        meta = poison(dest_token.numel(), 36, dtype=torch.uint8)
+        fn(PackInputs(x, (ids,), True, in_rank, dest_token, tuple(counts), _blocks(rows, counts, 3), meta))
+        packed[name] = (rows, meta)
+    assert torch.equal(packed["native"][0], packed["reference"][0])
+    assert torch.equal(packed["native"][1], packed["reference"][1])
+    in_rank, splits, sent_tokens, own, others = _combine_case(num_ranks, 2, tokens, hidden, seed=14, specials=True)
+    bias = randn(tokens, hidden, seed=15).bfloat16()
+    call = CombineInputs(own, others, tuple(splits), 2, sent_tokens, in_rank, (bias,), lambda: None, Workspace())
+    assert torch.equal(ep_rows.combine_native(call).view(torch.int16), combine_reference(call).view(torch.int16))
