@@ -16,6 +16,7 @@
 // validated in Python; row counts that index memory are checked here again (a mismatch returns -1
 // before anything is written), and every id read from data is range-checked before use.
 #include "pk_native.h"
+#include "pk_pool.h"
 
 #include <vector>
 
@@ -46,10 +47,9 @@ PK_EXPORT int pk_ep_pack(const uint8_t* in_rank, int64_t T, int64_t R, const uin
   for (int64_t d = 0; d < R; ++d)
     if (start[d + 1] - start[d] != counts[d]) return -1;
   const int threads = start[R] * (data_bytes + meta_bytes) < (1 << 20) ? 1 : pk::thread_count(nthreads);
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
-  for (int64_t d = 0; d < R; ++d) {
+  pk::parallel_for(R, threads, [&](int64_t d) {
     uint8_t* rows = reinterpret_cast<uint8_t*>(block[d]);
-    if (!rows && !(meta && meta_bytes)) continue;
+    if (!rows && !(meta && meta_bytes)) return;
     int64_t s = start[d];
     for (int64_t t = 0; t < T; ++t) {
       if (!in_rank[t * R + d]) continue;
@@ -68,7 +68,7 @@ PK_EXPORT int pk_ep_pack(const uint8_t* in_rank, int64_t T, int64_t R, const uin
       }
       ++s;
     }
-  }
+  });
   return 0;
 }
 
@@ -189,11 +189,9 @@ PK_EXPORT int pk_ep_combine(const uint8_t* in_rank, int64_t T, int64_t R, int64_
   for (int64_t d = 0; d < R; ++d)
     if (seen[d] != splits[d]) return -1;
   const int threads = double(T) * double(H) * double(R) < 262144.0 ? 1 : pk::thread_count(nthreads);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+  pk::parallel_blocks(T, threads, [&](int64_t t0, int64_t t1) {
     std::vector<const uint16_t*> src(static_cast<size_t>(R));
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = t0; t < t1; ++t) {
       int n = 0;
       // this rank's own row first, then the others in rank order
       if (pos[t * R + me] >= 0) src[n++] = reinterpret_cast<const uint16_t*>(block[me]) + pos[t * R + me] * H;
@@ -262,6 +260,6 @@ PK_EXPORT int pk_ep_combine(const uint8_t* in_rank, int64_t T, int64_t R, int64_
         for (int64_t j = 0; j < w; ++j) o[h + j] = f32_to_bf16_torch(acc[j]);
       }
     }
-  }
+  });
   return 0;
 }
