@@ -9,13 +9,13 @@
 // the task it holds, and the caller never waits on a worker that has not started one.
 //
 // Protocol: a call publishes (fn, ctx, participants) in the pool record, then a 64-bit ticket
-// (generation | next task | task count). A worker reads the ticket, then the record, then claims
-// task `next` by a compare-exchange of the ticket it read: success proves that call unfinished and
-// the record it read that call's (a new call rewrites the record only after every task of the
-// previous one finished, which needs the task just claimed). The caller returns once `done`
-// reaches the count; a late worker can only fail its compare-exchange, so nothing of a finished
-// call is touched. One call runs at a time per library;
-// a concurrent call (another Python thread) runs serially on its own thread instead of waiting.
+// (generation | next task | task count). A worker claims task `next` by a compare-exchange of the
+// ticket it read, then reads the record: the claimed task is unfinished, so the call owning the
+// ticket is still running and the record is its own (a new call rewrites the record only after
+// every task of the previous one finished). The caller returns once `done` reaches the count; a
+// late worker can only fail its compare-exchange, so nothing of a finished call is touched. One
+// call runs at a time per library; a concurrent call (another Python thread) runs serially on its
+// own thread instead of waiting.
 // After fork() the child starts with no workers (pthread_atfork resets the pool).
 #pragma once
 
@@ -39,6 +39,9 @@
 namespace pk {
 
 #if defined(PK_POOL)
+// Internal linkage: each library (one translation unit) has its own pool and workers, so builds of
+// different versions of this header loaded in one process never share state.
+namespace {
 namespace pool_detail {
 
 constexpr int kMaxWorkers = 255;
@@ -90,9 +93,11 @@ inline void futex_wake_all(std::atomic<uint32_t>* word) {
 inline void work(Pool& p, uint64_t gen) {
   uint64_t t = p.ticket.load();
   while (gen_of(t) == gen && next_of(t) < count_of(t)) {
+    if (!p.ticket.compare_exchange_weak(t, t + (uint64_t(1) << kCountBits))) continue;  // t reloaded
+    // the claimed task is unfinished, so the call that owns the ticket is still running and the
+    // record is that call's (read after the claim: even a wrapped generation cannot mislead it)
     auto* fn = p.fn.load();
     void* ctx = p.ctx.load();
-    if (!p.ticket.compare_exchange_weak(t, t + (uint64_t(1) << kCountBits))) continue;  // t reloaded
     fn(ctx, next_of(t));
     p.done.fetch_add(1);
     t = p.ticket.load();
@@ -155,6 +160,7 @@ void trampoline(void* ctx, int64_t task) {
 }
 
 }  // namespace pool_detail
+}  // namespace
 #endif
 
 // Runs fn(task) for task in [0, tasks) on up to `threads` threads (the caller is one of them), in
