@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 
 from .kernels import (bf16_gemm, cast_fp4, cast_fp8, cast_fp8_channel, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm, k_grouped,
-                                        grouped_masked, mla_decode, mla_metadata, moe_expand, moe_gate, moe_reduce,
+                                        grouped_masked, mla_decode, mla_metadata, mla_sparse_prefill, moe_expand, moe_gate, moe_reduce,
                                         mqa_logits, paged_mqa_logits, swiglu_cast, topk)
 
 Specimen = tuple[int | None, str, Callable[[], object]]
@@ -143,6 +143,22 @@ def mla_specimens(all_configs: bool):
         q, fp8_cache, None, None, 0.04, False, True, indices, meta, splits, out, lse))
 
 
+def mla_prefill_specimens(all_configs: bool):
+    # DeepSeek-V3.2's sparse prefill: top-2048 of the kv rows per token; each head-tile size and flag
+    s_q, s_kv, topk = 4, 8192, 2048
+    indices = torch.zeros(s_q, 1, topk, dtype=torch.int32)
+    for h_q, d, dtype, sink, length in ((128, 576, torch.bfloat16, True, True), (64, 576, torch.bfloat16, False, False),
+                                        (128, 512, torch.float16, True, False)):
+        flags = "".join((" sink" if sink else "", " topk_length" if length else ""))
+        q, kv = torch.zeros(s_q, h_q, d, dtype=dtype), torch.zeros(s_kv, 1, d, dtype=dtype)
+        out, stats = torch.empty(s_q, h_q, 512, dtype=dtype), torch.empty(s_q, h_q)
+        attn_sink = torch.zeros(h_q) if sink else None
+        lengths = torch.zeros(s_q, dtype=torch.int32) if length else None
+        yield (None, f"mla sparse prefill h={h_q} d={d} {'fp16' if dtype == torch.float16 else 'bf16'}{flags}",
+               lambda: mla_sparse_prefill.flash_mla_sparse_fwd(q, kv, indices, 0.04, attn_sink, lengths, out, stats,
+                                                               stats.clone()))
+
+
 def routing_specimens(all_configs: bool):
     logits = torch.zeros(64, 256)
     yield (None, "moe_gate grouped sigmoid", lambda: moe_gate.top2_sum_gate(
@@ -185,7 +201,8 @@ def indexer_specimens(all_configs: bool):
                        table, torch.empty(8 * next_n, 4096, dtype=dtype)))
 
 
-SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens, mla_specimens, routing_specimens, indexer_specimens)
+SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens, mla_specimens, mla_prefill_specimens,
+             routing_specimens, indexer_specimens)
 
 
 def all_specimens(all_configs: bool) -> Iterator[Specimen]:
