@@ -5,7 +5,6 @@ the provider would be a hidden conversion)."""
 
 from __future__ import annotations
 
-import torch
 
 from portable_kernels.core.registry import Registry
 from portable_kernels.ops.attention.prefill import FLASH_MLA_SPARSE_FWD, PREFILL_DTYPES, SparsePrefillInputs
