@@ -184,8 +184,8 @@ def swiglu_backward_and_per_token_cast(
     [M, 2H], weight_grad fp32 [T, K]).
     """
     if is_compiling():
-        return compiled_call(OP, x_data, x_sf, grad_out, weight, pos_to_token_topk, token_topk_to_pos,
-                             num_per_channels, round_sf, swiglu_clamp_value)
+        return compiled_call("swiglu_backward_and_per_token_cast", x_data, x_sf, grad_out, weight,
+                             pos_to_token_topk, token_topk_to_pos, num_per_channels, round_sf, swiglu_clamp_value)
     if not isinstance(x_data, torch.Tensor) or x_data.dtype != FP8_DTYPE or x_data.dim() != 2 \
             or x_data.shape[1] % 2 or x_data.shape[1] == 0:
         raise ContractError(format_problem(OP, "x_data", describe(x_data), "an e4m3 tensor [M, 2H], H >= 1",

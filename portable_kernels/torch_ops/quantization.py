@@ -188,3 +188,15 @@ def _e5m6_fake(x, num_per_channels, **_):
 
 
 custom_op(per_token_cast_to_e5m6, returns="(Tensor data, Tensor scale)", fake=_e5m6_fake)
+
+
+from ..ops.quant.lossless import per_block_cast_lossless  # noqa: E402
+
+
+def _lossless_fake(data, sf, x_block_size, out_block_size, **_):
+    m, k = data.shape[0], data.shape[1] * 2
+    return (data.new_empty((m, k), dtype=torch.float8_e4m3fn),
+            data.new_empty((-(-m // out_block_size[0]), -(-k // out_block_size[1])), dtype=torch.float32))
+
+
+custom_op(per_block_cast_lossless, returns="(Tensor data, Tensor scale)", fake=_lossless_fake)

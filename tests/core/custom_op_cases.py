@@ -570,3 +570,16 @@ def _paged_mqa_logits(seed: int) -> Call:
     meta = pk.get_paged_mqa_logits_metadata(lens, 16, 4)
     return (quantized_queries(3, 2, 8, 32, seed=seed + 1), cache, randn(6, 8, seed=seed + 2), lens, table, meta,
             44), {"clean_logits": True}
+
+
+@case("per_block_cast_lossless", "70x256 per (1, 32) -> (32, 32)")
+def _lossless_cast(seed: int) -> Call:
+    from portable_kernels.testing.lossless_cases import fp4_input
+    data, sf = fp4_input(70, 256, (1, 32), seed)
+    return (data, sf, (1, 32), (32, 32)), {}
+
+
+@case("swiglu_backward_and_per_token_cast", "33x(2x128), 16x3 slots, n=32, round_sf, clamp 0.5")
+def _swiglu_backward(seed: int) -> Call:
+    from portable_kernels.testing.lossless_cases import swiglu_backward_inputs
+    return (*swiglu_backward_inputs(33, 128, 16, 3, 32, seed), 32, True, 0.5), {}

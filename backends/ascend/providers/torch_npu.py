@@ -58,6 +58,10 @@ NOT_MAPPED = {
     "block_cast": "npu_dynamic_quant / npu_dynamic_mx_quant compute data as x / scale with their own scale rules, "
                   "not TileKernels' x * (max / amax) with its amax floors",
     "per_token_cast_to_e5m6": "no CANN operator for TileKernels' 12-bit E5M6 packing",
+    "per_block_cast_lossless": "no CANN operator recasts E2M1 with UE8M0 scales to E4M3 by TileKernels' "
+                               "scale rule (largest input scale / 2^6 per output block)",
+    "swiglu_backward_and_per_token_cast": "no torch_npu op checked against this contract (SwiGLU backward with "
+                                          "router weights, clamp and TileKernels' FP8 cast of the gradient)",
     "swiglu_forward": "no torch_npu op checked against this contract (fp32 SwiGLU with row weights and clamp counts)",
     "topk_gate": "no torch_npu op documented to rank ties to the smaller index",
     "topk_sum_and_topk_group_idx": "npu_moe_gating_top_k selects groups only inside its full gate",

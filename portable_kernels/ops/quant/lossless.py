@@ -135,7 +135,7 @@ def per_block_cast_lossless(data: torch.Tensor, sf: torch.Tensor, x_block_size: 
     the output scale of a block the largest input scale it covers / 2^6.
     """
     if is_compiling():
-        return compiled_call(OP, data, sf, x_block_size, out_block_size)
+        return compiled_call("per_block_cast_lossless", data, sf, x_block_size, out_block_size)
     if not isinstance(data, torch.Tensor) or data.dtype not in FP4_DATA_DTYPES or data.dim() != 2:
         raise ContractError(format_problem(OP, "data", describe(data), "packed E2M1 codes int8/uint8 [M, K/2]",
                                            "pass the data of an e2m1 cast (two codes per byte)"))
