@@ -65,6 +65,10 @@ SIGNATURES = {
     "quant.swiglu_forward_and_per_channel_cast_and_transpose": "x fmt num_per_tokens round_sf=False "
                                                                "without_transpose=False swiglu_clamp_value=None",
     "quant.unpack_from_e2m1fn_x2": "x out_dtype=torch.float32",
+    "quant.per_block_cast_lossless": "x fmt x_block_size out_block_size use_tma_aligned_col_major_sf=False "
+                                     "round_sf=False use_packed_ue8m0=False",
+    "quant.swiglu_backward_and_per_token_cast": "x grad_out weight pos_to_token_topk token_topk_to_pos "
+                                                "num_per_channels round_sf=False swiglu_clamp_value=None",
     "transpose.transpose": "x",
     "transpose.batched_transpose": "x",
     "config.set_num_sms": "num_sms",
