@@ -10,6 +10,8 @@ import sys
 from .ops.attention.prefill import flash_attn_varlen_func, flash_mla_sparse_fwd
 from .ops.quant.block_cast import block_cast
 from .ops.quant.e5m6 import per_token_cast_to_e5m6
+from .ops.quant.lossless import per_block_cast_lossless
+from .ops.swiglu_backward import swiglu_backward_and_per_token_cast
 from .core.alignment import (get_m_alignment_for_contiguous_layout, get_mk_alignment_for_contiguous_layout,
                              set_mk_alignment_for_contiguous_layout)
 from .core.contract import OpContract, QuantArg, Tolerance, contracts, get_contract
@@ -67,7 +69,8 @@ __all__ = [
     "FusedMapping", "expand_to_fused", "expand_to_fused_with_sf", "get_fused_mapping", "normalize_weight",
     "reduce_fused", "top2_sum_gate", "topk",
     "aux_fi", "group_count", "inplace_unique_group_indices", "map_to_physical_experts", "mask_indices_by_tp",
-    "topk_gate", "topk_sum_and_topk_group_idx", "block_cast", "per_token_cast_to_e5m6", "swiglu_forward",
+    "topk_gate", "topk_sum_and_topk_group_idx", "block_cast", "per_token_cast_to_e5m6", "per_block_cast_lossless",
+    "swiglu_backward_and_per_token_cast", "swiglu_forward",
     "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
     "fp8_fp4_gemm_nt", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast", "tf32_hc_prenorm_gemm",
     "get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout",
