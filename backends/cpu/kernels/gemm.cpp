@@ -255,9 +255,7 @@ inline void write_out(const Output& o, int64_t r, int64_t n, float v) {
 // Zen 5 (AVX-512, 1 thread, cold weights cycled over 256 MB, a standalone harness compiling this file
 // with the build's flags): M=1 fp8 N=2048 K=7168 12.5 -> 17-19 GB/s (best 1024-2048), N=4096 K=1024
 // 13.7 -> ~20 GB/s, N=1024 K=2048 13.7 -> ~20 GB/s; M=2 ~1.4x, M=4 ~1.25x; the hardware prefetchers
-// alone do not keep NR interleaved row streams ahead. On an AVX2 Zen 3 (2026-12-04, /tmp/ab.py-style
-// paired A/B in one process) the same prefetch gave no gain (that build is bound by the fp8 widening,
-// 5-8 GB/s), so the AVX2 form below has none.
+// alone do not keep NR interleaved row streams ahead. (The AVX2 form below has its own distance.)
 constexpr int64_t kPrefetchAhead = 2048;
 
 template <int R, int KIND>
@@ -311,6 +309,12 @@ void fma_direct(const float* Ab, int64_t lda, const uint8_t* const* rows, const 
 // ·2^8·sf, two multiplies, one rounding) and its fmadd order, so again the tile path's bytes. The
 // last vector of K is read through a buffer padded with zero codes and its lanes past K are
 // cleared, as the tile pads with +0 (scale blocks, g a multiple of 8 here, hold whole vectors).
+// Software prefetch distance of the AVX2 form (fp8 rows whose sf·2^8 is exact). AMD EPYC Zen 3,
+// 1 thread, load ~1.7, cold weights, two builds paired in one process (2026-12-04): M=1 N=4096 K=1024
+// 5.4 -> 8.2 GB/s (1.54x), N=7168 K=2048 1.17x, N=2048 K=512 1.22x, N=1024 K=1024 1.18x; N=2048
+// K=7168 and M=4 unchanged (0.98x, 1.03x: bound by the widening there); 2048 bytes gained less.
+constexpr int64_t kPrefetchAhead = 4096;
+
 template <int R, int KIND>
 void fma_direct(const float* Ab, int64_t lda, const uint8_t* const* rows, const float* const* scales, int64_t g,
                 int64_t k0, int64_t k1, float* out, int64_t ldo) {
@@ -337,6 +341,7 @@ void fma_direct(const float* Ab, int64_t lda, const uint8_t* const* rows, const 
     if (KIND == kFp8 && exact)
       for (; k + 16 <= ke; k += 16)
         for (int j = 0; j < NR; ++j) {
+          if ((k & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(rows[j] + k + kPrefetchAhead), _MM_HINT_T0);
           __m256 lo, hi;
           pk::fp8x16_to_f32x2_scaled(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k)), &lo, &hi);
           const __m256 m = _mm256_set1_ps(mul[j]);
