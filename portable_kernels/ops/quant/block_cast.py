@@ -51,6 +51,16 @@ def _divide(numerator: torch.Tensor | float, denominator: torch.Tensor | float) 
     return numerator / denominator
 
 
+def scale_and_inverse(amax: torch.Tensor, top: float, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sf, 1/sf as the casts multiply by it) from each block's amax and the element's largest value:
+    sf = amax / top rounded up to a power of two with round_sf (inverse 1 / sf), else sf = amax / top
+    with inverse top / amax (one rounding, as the upstream kernels compute it)."""
+    if round_sf:
+        sf = ceil_to_ue8m0(_divide(amax, top))
+        return sf, _divide(1.0, sf)
+    return _divide(amax, top), _divide(top, amax)
+
+
 def block_cast_reference(x: torch.Tensor, block: tuple[int, int], element: str, round_sf: bool,
                          clamp_min: float, sf: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference math: x [M, K] -> (data, fp32 sf [ceil(M/bm), ceil(K/bk)]).
@@ -65,12 +75,7 @@ def block_cast_reference(x: torch.Tensor, block: tuple[int, int], element: str, 
     top = ELEMENT_MAX[element]
     if sf is None:
         amax = blocks.abs().amax(dim=(1, 3)).clamp_min(clamp_min)
-        if round_sf:
-            sf = ceil_to_ue8m0(_divide(amax, top))
-            inv = _divide(1.0, sf)
-        else:
-            sf = _divide(amax, top)
-            inv = _divide(top, amax)
+        sf, inv = scale_and_inverse(amax, top, round_sf)
     else:
         sf = sf.float()
         inv = _divide(1.0, sf)

@@ -30,8 +30,7 @@ from ...core.tensors import cdiv, describe
 from ...layouts.constants import SCALE_AMAX_FLOOR
 from ...layouts.e5m6 import E5M6_GROUP, E5M6_MAX, e5m6_decode, e5m6_encode, pack_e5m6, unpack_e5m6
 from ...layouts.errors import LayoutConversionError
-from ...layouts.ue8m0 import ceil_to_ue8m0
-from .block_cast import _divide
+from .block_cast import scale_and_inverse
 from .fp8 import FLOAT_INPUT_DTYPES
 
 #: the output dtypes of e5m6_cast_back
@@ -45,12 +44,7 @@ def e5m6_cast_reference(x: torch.Tensor, num_per_channels: int, round_sf: bool) 
     g = cdiv(k, n)
     blocks = F.pad(x.float(), (0, g * n - k)).view(m, g, n)
     amax = blocks.abs().amax(dim=-1).clamp_min(SCALE_AMAX_FLOOR)
-    if round_sf:
-        sf = ceil_to_ue8m0(_divide(amax, E5M6_MAX))
-        inv = _divide(1.0, sf)
-    else:
-        sf = _divide(amax, E5M6_MAX)
-        inv = _divide(E5M6_MAX, amax)
+    sf, inv = scale_and_inverse(amax, E5M6_MAX, round_sf)
     q = (blocks * inv[..., None]).view(m, g * n)[:, :k]
     q = torch.where(torch.isnan(q), torch.full_like(q, float("nan")), q)  # one NaN: +0x7FC00000 (code 0x7FF)
     return pack_e5m6(e5m6_encode(q)).contiguous(), sf.contiguous()
