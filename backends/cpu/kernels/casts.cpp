@@ -356,10 +356,8 @@ PK_EXPORT int64_t pk_cast_fp8(const void* x, int in_kind, int64_t L, int64_t MN,
   const int64_t bm = (MN + gm - 1) / gm, bk = (K + gk - 1) / gk;
   const int64_t elem = in_kind == kF32 ? 4 : 2;
   const int threads = pick_threads(pk::thread_count(nthreads), double(L * MN * K) * elem, L * bm);
-  int64_t bad = 0;
-  std::atomic<int64_t> refused{0};
-  pk::parallel_blocks(L * bm, threads, [&](int64_t t0, int64_t t1) {
-    int64_t mine = 0;
+  return pk::parallel_blocks_sum(L * bm, threads, [&](int64_t t0, int64_t t1) {
+    int64_t refused = 0;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t l = t / bm, b = t % bm;
       const uint8_t* xl = static_cast<const uint8_t*>(x) + l * MN * K * elem;
@@ -367,13 +365,11 @@ PK_EXPORT int64_t pk_cast_fp8(const void* x, int in_kind, int64_t L, int64_t MN,
       const int64_t r0 = b * gm, rows = std::min(gm, MN - r0);
       for (int64_t kb = 0; kb < bk; ++kb) {
         const int64_t k0 = kb * gk, kn = std::min(gk, K - k0);
-        scale[(l * bm + b) * bk + kb] = cast_block_fp8(xl, in_kind, K, r0, rows, k0, kn, ue8m0 != 0, ql, &mine);
+        scale[(l * bm + b) * bk + kb] = cast_block_fp8(xl, in_kind, K, r0, rows, k0, kn, ue8m0 != 0, ql, &refused);
       }
     }
-    refused += mine;
+    return refused;
   });
-  bad += refused.load();
-  return bad;
 }
 
 // x: [R, K] contiguous rows (K even) -> q uint8 [R, K/2] packed E2M1, scale fp32 [R, ceil(K/gk)].
@@ -383,18 +379,14 @@ PK_EXPORT int64_t pk_cast_fp4(const void* x, int in_kind, int64_t R, int64_t K, 
   const int64_t bk = (K + gk - 1) / gk;
   const int64_t elem = in_kind == kF32 ? 4 : 2;
   const int threads = pick_threads(pk::thread_count(nthreads), double(R * K) * elem, R);
-  int64_t bad = 0;
-  std::atomic<int64_t> refused{0};
-  pk::parallel_blocks(R, threads, [&](int64_t r0, int64_t r1) {
+  return pk::parallel_blocks_sum(R, threads, [&](int64_t r0, int64_t r1) {
     std::vector<uint8_t> codes;
-    int64_t mine = 0;
+    int64_t refused = 0;
     for (int64_t r = r0; r < r1; ++r)
-      mine += cast_row_fp4(static_cast<const uint8_t*>(x) + r * K * elem, in_kind, K, gk, ue8m0 != 0,
-                           static_cast<uint8_t*>(q) + r * (K / 2), scale + r * bk, codes);
-    refused += mine;
+      refused += cast_row_fp4(static_cast<const uint8_t*>(x) + r * K * elem, in_kind, K, gk, ue8m0 != 0,
+                              static_cast<uint8_t*>(q) + r * (K / 2), scale + r * bk, codes);
+    return refused;
   });
-  bad += refused.load();
-  return bad;
 }
 
 // x: [M, 2I] contiguous; gate = first half. Optional int32 [M] maps (null when absent), weights fp32
@@ -416,17 +408,13 @@ PK_EXPORT int64_t pk_cast_e5m6(const void* x, int in_kind, int64_t M, int64_t K,
   const int64_t groups = (K + per - 1) / per;
   const int64_t elem = in_kind == kF32 ? 4 : 2;
   const int threads = pick_threads(pk::thread_count(nthreads), double(M * K) * elem, M);
-  int64_t bad = 0;
-  std::atomic<int64_t> refused{0};
-  pk::parallel_blocks(M, threads, [&](int64_t r0, int64_t r1) {
+  return pk::parallel_blocks_sum(M, threads, [&](int64_t r0, int64_t r1) {
     std::vector<float> inv;
-    int64_t mine = 0;
+    int64_t refused = 0;
     for (int64_t r = r0; r < r1; ++r)
       cast_row_e5m6(static_cast<const uint8_t*>(x) + r * K * elem, in_kind, K, per, round_sf != 0,
-                    static_cast<uint8_t*>(q) + r * (K / 8 * 12), scale + r * groups, inv, &mine);
-    refused += mine;
+                    static_cast<uint8_t*>(q) + r * (K / 8 * 12), scale + r * groups, inv, &refused);
+    return refused;
   });
-  bad += refused.load();
-  return bad;
 }
 

@@ -228,22 +228,14 @@ int64_t topk_all(const void* input, bool bf16, int64_t b, int64_t n, int64_t row
     topk_row<Idx>(row, len, topk, sorted, indices + r * topk, idx_fill, vrow, value_fill, cand, sel);
     return true;
   };
-  int64_t nan_rows = 0;
-  if (threads == 1) {  // no parallel region for small calls: it costs more than they do
+  // (one thread: one block on the calling thread, no worker woken)
+  return pk::parallel_blocks_sum(b, threads, [&](int64_t r0, int64_t r1) {
     std::vector<uint32_t> cand;
     std::vector<int64_t> sel;
-    for (int64_t r = 0; r < b; ++r) nan_rows += run_row(r, cand, sel) ? 0 : 1;
+    int64_t nan_rows = 0;
+    for (int64_t r = r0; r < r1; ++r) nan_rows += run_row(r, cand, sel) ? 0 : 1;
     return nan_rows;
-  }
-  std::atomic<int64_t> bad_rows{0};
-  pk::parallel_blocks(b, threads, [&](int64_t r0, int64_t r1) {
-    std::vector<uint32_t> cand;
-    std::vector<int64_t> sel;
-    int64_t bad = 0;
-    for (int64_t r = r0; r < r1; ++r) bad += run_row(r, cand, sel) ? 0 : 1;
-    bad_rows += bad;
   });
-  return nan_rows + bad_rows.load();
 }
 
 }  // namespace

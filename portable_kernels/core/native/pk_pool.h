@@ -219,4 +219,15 @@ void parallel_blocks(int64_t n, int threads, F&& fn) {
   parallel_for((n + per - 1) / per, threads, [&](int64_t t) { fn(t * per, std::min(n, (t + 1) * per)); });
 }
 
+// parallel_blocks whose fn(begin, end) returns a count (e.g. refused blocks): the sum over blocks.
+template <class F>
+int64_t parallel_blocks_sum(int64_t n, int threads, F&& fn) {
+  std::atomic<int64_t> sum{0};
+  parallel_blocks(n, threads, [&](int64_t begin, int64_t end) {
+    const int64_t part = fn(begin, end);
+    if (part) sum += part;
+  });
+  return sum.load();
+}
+
 }  // namespace pk
