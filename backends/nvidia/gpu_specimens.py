@@ -16,6 +16,7 @@ import torch
 
 from .kernels import (bf16_gemm, cast_fp4, cast_fp8, cast_fp8_channel, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm, k_grouped,
                                         grouped_masked, mla_decode, mla_metadata, mla_sparse_prefill, moe_expand, moe_gate, moe_reduce,
+                                        ep_layout, moe_mapping, moe_normalize,
                                         mqa_logits, paged_mqa_logits, swiglu_cast, topk)
 
 Specimen = tuple[int | None, str, Callable[[], object]]
@@ -179,6 +180,11 @@ def routing_specimens(all_configs: bool):
         x, torch.zeros(1024), torch.zeros(64, 8), ttp, None, False, torch.empty(64, 7168, dtype=torch.bfloat16)))
     yield (None, "moe_reduce fp8", lambda: moe_reduce.reduce_fused(
         x.float(), None, None, ttp, torch.ones(1), True, _fp8(64, 7168)))
+    yield (None, "moe_normalize", lambda: moe_normalize.normalize_weight(torch.zeros(64, 8)))
+    for dtype in (torch.int64, torch.int32):  # each mapping / layout call launches every kernel of its module
+        idx = torch.zeros(4096, 8, dtype=dtype)
+        yield (None, f"moe_mapping {str(dtype)[6:]}", lambda: moe_mapping.get_fused_mapping(idx, 256, 65536, 128))
+        yield (None, f"ep_layout {str(dtype)[6:]}", lambda: ep_layout.get_dispatch_layout(idx, 256, 8))
 
 
 def indexer_specimens(all_configs: bool):
