@@ -14,6 +14,7 @@ STUBBED = {
     "empty_cache": None,
     "manual_seed": None,
     "manual_seed_all": None,
+    "set_device": None,
     "reset_peak_memory_stats": None,
     "max_memory_allocated": 0,
     "max_memory_reserved": 0,

@@ -71,18 +71,21 @@ class Suite:
     copy:     (source relative to the checkout, destination relative to the tree) pairs; a folder
               copies its *.py files
     files:    the test files run (relative to the tree)
-    kind:     "script" (call each top-level test_* function) or "pytest"
+    kind:     "script" (call each top-level test_* function), "pytest", or "cases" (the file's
+              own driver lists its cases, a sample is run: cases.py)
+    drivers:  kind "cases": the module whose DRIVERS maps each file's name to its CaseDriver
     """
 
     name: str
     copy: tuple[tuple[str, str], ...]
     files: tuple[str, ...]
-    kind: Literal["script", "pytest"]
+    kind: Literal["script", "pytest", "cases"]
     rules: tuple[Rule, ...]
     quick_rules: tuple[Rule, ...] = ()
     hardware: tuple[HardwareRule, ...] = ()
     skipped_files: tuple[FileRule, ...] = ()
     quick_env: tuple[tuple[str, str], ...] = ()
+    drivers: str = ""
 
 
 @attrs.frozen
@@ -182,11 +185,13 @@ def _child_env(tree: Path) -> dict[str, str]:
 
 
 def run_script_file(tree: Path, rel_file: str, backend: Backend, test_timeout: int, log_dir: Path,
-                    env_extra: dict[str, str]) -> list[CaseResult]:
-    """Run one script-style file's test_* functions in a child process under `backend`."""
+                    env_extra: dict[str, str], drivers: str = "", sample: int = 0) -> list[CaseResult]:
+    """Run one script-style file's test_* functions (or, with `drivers`, a case-list file's
+    sampled cases) in a child process under `backend`."""
     out = log_dir / f"{Path(rel_file).stem}.{backend.spec.replace(':', '_').replace('=', '-')}.json"
-    cmd = [sys.executable, "-m", "portable_kernels.tools.upstream_suites._child", str(tree / rel_file),
-           backend.spec, str(out), str(test_timeout)]
+    child = "_case_child" if drivers else "_child"
+    cmd = [sys.executable, "-m", f"portable_kernels.tools.upstream_suites.{child}", str(tree / rel_file),
+           backend.spec, str(out), str(test_timeout), *([drivers, str(sample)] if drivers else [])]
     env = _child_env(tree / Path(rel_file).parent) | env_extra
     with open(out.with_suffix(".log"), "w") as logf:
         proc = subprocess.run(cmd, cwd=tree / Path(rel_file).parent, env=env, stdout=logf,
@@ -250,9 +255,10 @@ def run_suite(suite: Suite, checkout: Path, backends: Sequence[Backend], quick: 
                                       ran=False))
     for backend in backends:
         log.info("%s under %s", suite.name, backend.spec)
-        if suite.kind == "script":
+        if suite.kind in ("script", "cases"):
+            drivers = suite.drivers if suite.kind == "cases" else ""
             for rel in suite.files:
-                results += run_script_file(tree, rel, backend, test_timeout, log_dir, env_extra)
+                results += run_script_file(tree, rel, backend, test_timeout, log_dir, env_extra, drivers, sample)
         else:
             results += run_pytest_tree(tree, suite.files, backend, test_timeout, log_dir, sample, env_extra)
     results = [classify(r, suite.hardware) for r in results]
