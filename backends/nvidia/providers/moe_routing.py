@@ -1,8 +1,10 @@
-"""nvidia providers of MoE routing: Triton top2_sum_gate, expand_to_fused(_with_sf), reduce_fused."""
+"""nvidia providers of MoE routing: Triton top2_sum_gate, normalize_weight, get_fused_mapping,
+expand_to_fused(_with_sf), reduce_fused."""
 
 from __future__ import annotations
 
-from portable_kernels.ops.moe_routing import EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF, REDUCE_FUSED, TOP2_SUM_GATE
+from portable_kernels.ops.moe_routing import (EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF, GET_FUSED_MAPPING,
+                                             NORMALIZE_WEIGHT, REDUCE_FUSED, TOP2_SUM_GATE)
 from portable_kernels.core.registry import Registry
 
 from ._common import BACKEND, TRITON, TRITON_PRIORITY, kernel, triton_devices, triton_reasons
@@ -12,6 +14,15 @@ def _gate(call):
     return kernel("moe_gate").top2_sum_gate(call.logits, call.bias, call.num_topk, call.num_topk_groups,
                                             call.num_groups, call.routed_scaling_factor, call.scoring_func,
                                             call.normalize, call.mask, call.fixed_topk_idx, call.fix_routing_mask)
+
+
+def _normalize(call):
+    return kernel("moe_normalize").normalize_weight(call.topk_weights)
+
+
+def _mapping(call):
+    return kernel("moe_mapping").get_fused_mapping(call.topk_idx, call.num_experts, call.num_expanded_tokens,
+                                                   call.alignment)
 
 
 def _expand(call) -> None:
@@ -34,6 +45,12 @@ def _contiguous_rows(call) -> list[str]:
 def register(registry: Registry) -> None:
     registry.kernel(TOP2_SUM_GATE.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
                     check=triton_reasons, doc="Triton, BLOCK_T tokens x all experts per program")(_gate)
+    registry.kernel(NORMALIZE_WEIGHT.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
+                    check=triton_reasons, doc="Triton, fp32 sum in slot order and IEEE division (the reference's bytes)")(
+        _normalize)
+    registry.kernel(GET_FUSED_MAPPING.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
+                    check=triton_reasons, doc="Triton, count / scan / place passes, no atomics (the reference's rows)")(
+        _mapping)
     for contract in (EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF):
         registry.kernel(contract.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
                         check=_contiguous_rows, shape_class=lambda call: call.x.stride(-1) == 1,

@@ -16,7 +16,8 @@ TRITON_OPS = (
     "m_grouped_fp8_gemm_nt_masked", "m_grouped_bf16_gemm_nt_masked",
     "per_token_cast_to_fp8", "per_block_cast_to_fp8", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast",
     "topk", "get_mla_metadata", "flash_mla_with_kvcache",
-    "top2_sum_gate", "expand_to_fused", "expand_to_fused_with_sf", "reduce_fused",
+    "top2_sum_gate", "normalize_weight", "get_fused_mapping", "expand_to_fused", "expand_to_fused_with_sf",
+    "reduce_fused", "get_dispatch_layout",
 )
 
 

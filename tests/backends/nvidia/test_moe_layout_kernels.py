@@ -9,7 +9,9 @@ import torch
 
 pytest.importorskip("triton")
 
+import portable_kernels as pk  # noqa: E402
 from portable_kernels.backends.nvidia.kernels import ep_layout, moe_mapping, moe_normalize  # noqa: E402
+from portable_kernels.core.dispatch import trace_providers  # noqa: E402
 from portable_kernels.core.errors import ContractError  # noqa: E402
 from portable_kernels.ops.ep import dispatch_layout_reference  # noqa: E402
 from portable_kernels.ops.moe_routing import fused_mapping_reference, normalize_weight_reference  # noqa: E402
@@ -189,3 +191,23 @@ def test_dispatch_layout_ignores_ids_past_the_experts():
 def test_dispatch_layout_rejects_experts_not_split_evenly():
     with pytest.raises(ContractError, match="num_experts"):
         ep_layout.get_dispatch_layout(random_topk_idx(4, 2, 10, seed=1), 10, 4)
+
+
+# -- the public ops on the nvidia backend ---------------------------------------------------------
+
+def test_public_routing_layout_ops_run_on_triton():
+    w = randn(12, 8, seed=21).abs() + 0.01
+    idx = random_topk_idx(12, 8, 32, seed=22)
+    with pk.use_backend("nvidia"), trace_providers() as ran:
+        den, normalized = pk.normalize_weight(w)
+        mapping = pk.get_fused_mapping(idx, 32, alignment=16)
+        per_rank, _, per_expert, in_rank = pk.get_dispatch_layout(idx, 32, 4)
+    assert ran == [("normalize_weight", "nvidia", "triton"), ("get_fused_mapping", "nvidia", "triton"),
+                   ("get_dispatch_layout", "nvidia", "triton")]
+    assert _bits_equal(normalized, normalize_weight_reference(w)[1])
+    want = fused_mapping_reference(idx, 32, mapping.pos_to_expert.numel(), 16)
+    assert all(torch.equal(g, x) for g, x in zip(mapping[:7], want))
+    assert mapping.num_tokens_per_expert_list == want[6].tolist()
+    want_layout = dispatch_layout_reference(idx, 32, 4)
+    assert torch.equal(per_rank, want_layout[0]) and torch.equal(per_expert, want_layout[2])
+    assert torch.equal(in_rank, want_layout[3])
