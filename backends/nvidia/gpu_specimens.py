@@ -17,7 +17,7 @@ import torch
 from .kernels import (bf16_gemm, cast_fp4, cast_fp8, cast_fp8_channel, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm, k_grouped,
                                         grouped_masked, mla_decode, mla_metadata, mla_sparse_prefill, moe_expand, moe_gate, moe_reduce,
                                         ep_layout, moe_mapping, moe_normalize,
-                                        mqa_logits, paged_mqa_logits, swiglu_cast, topk)
+                                        mqa_logits, paged_mqa_logits, swiglu_cast, topk, varlen_attention)
 
 Specimen = tuple[int | None, str, Callable[[], object]]
 
@@ -160,6 +160,22 @@ def mla_prefill_specimens(all_configs: bool):
                                                                stats.clone()))
 
 
+def varlen_specimens(all_configs: bool):
+    # DeepSeek's dense prefill (MHA over decompressed MLA: d 192 = 128 + 64 RoPE, d_v 128), GQA, the
+    # 64-row tile of d_v 256 and a padded (masked) head dim; causal and not, bf16 and fp16
+    lengths = torch.tensor([0, 100, 256], dtype=torch.int32)  # b = 2: cu_seqlens of 100 and 156 rows
+    for h_q, h_kv, d, d_v, dtype, causal in ((128, 128, 192, 128, torch.bfloat16, True),
+                                              (32, 8, 128, 128, torch.float16, False),
+                                              (16, 16, 256, 256, torch.bfloat16, True),
+                                              (16, 4, 96, 64, torch.bfloat16, False)):
+        q = torch.zeros(256, h_q, d, dtype=dtype)
+        k, v = torch.zeros(256, h_kv, d, dtype=dtype), torch.zeros(256, h_kv, d_v, dtype=dtype)
+        out, lse = torch.empty(256, h_q, d_v, dtype=dtype), torch.empty(256, h_q)
+        yield (None, f"varlen h={h_q}/{h_kv} d={d}/{d_v} {'fp16' if dtype == torch.float16 else 'bf16'} "
+                     f"causal={causal}", lambda: varlen_attention.flash_attn_varlen_func(
+                         q, k, v, lengths, lengths, 156, 0.07, causal, out, lse))
+
+
 def routing_specimens(all_configs: bool):
     logits = torch.zeros(64, 256)
     yield (None, "moe_gate grouped sigmoid", lambda: moe_gate.top2_sum_gate(
@@ -207,7 +223,7 @@ def indexer_specimens(all_configs: bool):
                        table, torch.empty(8 * next_n, 4096, dtype=dtype)))
 
 
-SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens, mla_specimens, mla_prefill_specimens,
+SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens, mla_specimens, mla_prefill_specimens, varlen_specimens,
              routing_specimens, indexer_specimens)
 
 

@@ -3,7 +3,7 @@ kernel read back from its cubin (sass.py) into a KernelRow, and `gate`, which re
 violations of the rules below. Needs triton and compiled mode (no TRITON_INTERPRET); no GPU.
 
 Rules (`gate`): no spill (stack frame or local memory) in a default config; every GEMM, MLA decode,
-sparse MLA prefill and indexer kernel's dots on the arch's own tensor cores (wgmma on sm_90a, tcgen05 on sm_100a:
+sparse MLA prefill, varlen attention and indexer kernel's dots on the arch's own tensor cores (wgmma on sm_90a, tcgen05 on sm_100a:
 neither mma.sync nor no MMA at all); shared memory within what one block may use.
 """
 
@@ -24,7 +24,7 @@ EXPECTED_TENSOR_CORE = {"sm90": WGMMA, "sm100": TCGEN05}
 #: kernels whose tl.dot must run on the arch's own tensor cores
 DOT_KERNELS = frozenset({"fp8_gemm_nt_kernel", "bf16_gemm_nt_kernel", "fp8_fp4_gemm_nt_kernel",
                          "grouped_contiguous_kernel", "grouped_masked_kernel", "mla_decode_kernel",
-                         "mla_sparse_prefill_kernel",
+                         "mla_sparse_prefill_kernel", "varlen_attention_kernel",
                          "mqa_logits_kernel", "paged_mqa_logits_kernel", "hc_prenorm_gemm_kernel",
                          "k_grouped_kernel"})
 #: kernels bound by memory bandwidth, whose widest global load the report shows

@@ -1,5 +1,5 @@
 """Conformance of the nvidia backend in emulation (CPU tensors, Triton's interpreter): every case
-passes, and every GEMM, MLA, top-k, quantizer and routing case is run by the Triton provider —
+passes, and every GEMM, MLA, varlen attention, top-k, quantizer and routing case is run by the Triton provider —
 none by the layout-reference oracle (fp16 MLA, DeepGEMM's 224-row segment alignment and its FP4
 rounding included)."""
 
@@ -15,7 +15,7 @@ TRITON_OPS = (
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked", "m_grouped_bf16_gemm_nt_masked",
     "per_token_cast_to_fp8", "per_block_cast_to_fp8", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast",
-    "topk", "get_mla_metadata", "flash_mla_with_kvcache",
+    "topk", "get_mla_metadata", "flash_mla_with_kvcache", "flash_attn_varlen_func",
     "top2_sum_gate", "normalize_weight", "get_fused_mapping", "expand_to_fused", "expand_to_fused_with_sf",
     "reduce_fused", "get_dispatch_layout",
 )
