@@ -3,7 +3,7 @@
 Rule: this package imports torch and the standard library only, and every conversion is exact —
 anything lossy raises LayoutConversionError. Modules: `ue8m0` (exponent-only scales),
 `fp8_scales` (SM90 / SM100 / Ascend MX scale layouts), `fp4` (E2M1 codes and nibble packing), `e5m6` (TileKernels' 12-bit E5M6 codes, 8 per 3 words),
-`nz` (Ascend FRACTAL_NZ tiles), `moe` (grouped-GEMM row layouts), `kv_cache` (FlashMLA FP8 cache), `indexer_cache` (DeepGEMM's paged FP8 indexer-key cache);
+`nz` (Ascend FRACTAL_NZ tiles), `moe` (grouped-GEMM row layouts), `kv_cache` (FlashMLA FP8 cache), `kv_cache_model1` (FlashMLA's MODEL1 paged FP8 cache), `indexer_cache` (DeepGEMM's paged FP8 indexer-key cache);
 `format` (the `Format` value and `PLAIN`), `nvidia` (`SM90`, `SM100`) and `ascend` (`ASCEND_MX_KMAJOR`,
 `ASCEND_MX`, `ASCEND_MX_NZ`, `ASCEND_BF16_VALUES`, `ASCEND_FP32_VALUES`; `ascend_nz`: `ASCEND_BF16_VALUES_NZ`,
 stored FRACTAL_NZ on an NPU): one Format object per operand byte format, composed from the functions above.
@@ -94,6 +94,15 @@ from .kv_cache import (
     flashmla_kv_to_bf16_values,
     pack_fp8_kv_cache,
     unpack_fp8_kv_cache,
+)
+from .kv_cache_model1 import (
+    FLASHMLA_MODEL1_FP8_KV,
+    MODEL1_BYTES_PER_TOKEN,
+    MODEL1_HEAD_DIM,
+    dequantize_model1_kv_cache,
+    model1_kv_tokens,
+    model1_token_rows,
+    pack_model1_kv_cache,
 )
 from .moe import (
     aligned_counts,
@@ -238,5 +247,13 @@ __all__ = [
     "flashmla_kv_to_ascend",
     "pack_fp8_kv_cache",
     "unpack_fp8_kv_cache",
+    # kv_cache_model1
+    "FLASHMLA_MODEL1_FP8_KV",
+    "MODEL1_BYTES_PER_TOKEN",
+    "MODEL1_HEAD_DIM",
+    "dequantize_model1_kv_cache",
+    "model1_kv_tokens",
+    "model1_token_rows",
+    "pack_model1_kv_cache",
     "e5m6_decode", "e5m6_encode", "pack_e5m6", "unpack_e5m6",
 ]

@@ -261,6 +261,10 @@ class KVCacheFormat:
     dtype, width: a stored row is `dtype [..., width]` (uint8 656 for the byte orders)
     holds_values: the rows are the dequantized values themselves (no scales): kernels read them as a
             bf16 cache, the reference reads them as values
+    head_dim: channels of a dequantized token (576 for the V3.2 orders; 512 for MODEL1)
+    gather: None when a stored row is one token; else `(cache, blocks, offsets, dtype) -> [..., 1, head_dim]`,
+            the dequantized tokens of a format whose bytes mean something only per page (MODEL1)
+    problem: None, or `(cache) -> str | None` replacing `check`'s shape test (a paged format's strides)
     """
 
     name: str
@@ -269,6 +273,9 @@ class KVCacheFormat:
     decode: Callable[[torch.Tensor], torch.Tensor] = dataclasses.field(repr=False)
     dtype: torch.dtype = torch.uint8
     width: int = KV_FP8_BYTES_PER_TOKEN
+    head_dim: int = KV_HEAD_DIM
+    gather: Callable[..., torch.Tensor] | None = dataclasses.field(default=None, repr=False)
+    problem: Callable[[torch.Tensor], str | None] | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         with _KV_LOCK:
@@ -284,8 +291,26 @@ class KVCacheFormat:
     def bytes_per_token(self) -> int:
         return self.width * torch.empty((), dtype=self.dtype).element_size()
 
+    @property
+    def paged(self) -> bool:
+        """A token's bytes are not one stored row: only whole pages (and `tokens`) have meaning."""
+        return self.gather is not None
+
+    def tokens(self, cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The dequantized tokens at (blocks, offsets) of a paged cache [nb, bs, 1, width] -> [..., 1, head_dim]."""
+        if self.gather is not None:
+            return self.gather(cache, blocks, offsets, dtype)
+        return self.dequantize(cache[blocks, offsets], dtype)
+
     def dequantize(self, rows: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-        """Rows in this storage -> `[..., 576]` (512 latent, 64 RoPE) in bf16 or fp32, exact."""
+        """Rows in this storage -> `[..., head_dim]` (V3.2: 512 latent, 64 RoPE) in bf16 or fp32, exact.
+        A paged format takes whole pages [nb, bs, 1, width]."""
+        if self.gather is not None:
+            nb, bs = rows.shape[:2]
+            blocks = torch.arange(nb, device=rows.device)[:, None].expand(nb, bs)
+            offsets = torch.arange(bs, device=rows.device)[None, :].expand(nb, bs)
+            return self.gather(rows, blocks, offsets, dtype)
         if self.holds_values:
             if dtype not in (torch.bfloat16, torch.float32):
                 raise LayoutConversionError(f"dtype must be bfloat16 or float32, got {dtype}")
@@ -298,6 +323,8 @@ class KVCacheFormat:
 
     def check(self, cache: torch.Tensor) -> str | None:
         """None when `cache` is a paged [num_blocks, block_size, 1, width] cache of this storage, else why not."""
+        if self.problem is not None:
+            return self.problem(cache)
         kind = str(self.dtype).replace("torch.", "")
         if not isinstance(cache, torch.Tensor) or cache.dtype != self.dtype:
             return f"the cache is {getattr(cache, 'dtype', type(cache).__name__)}, expected {kind}"
