@@ -5,11 +5,13 @@ Positions must come out in one fixed order, so there are no atomics; three launc
 1. count: the flat (token, slot) entries are cut into CHUNK-entry chunks; program c writes chunk
    c's per-expert counts into a scratch [C, E]. The programs after the chunk programs fill the
    three row arrays with -1 (padding, and the rows past the last segment).
-2. scan (one program): per expert, the exclusive prefix of the chunk counts over the chunks (in
-   place in the scratch: "entries of expert e in chunks before c"); the totals give the aligned
-   counts, whose exclusive prefix over the experts is each segment's start.
-3. place: program c gives each of its valid entries the row start[e] + prefix[c, e] + (entries
-   of e earlier in the chunk, a pairwise count), and scatters token, slot and expert to that row.
+2. scan (a program per SCAN_E_BLOCK experts): per expert, the exclusive prefix of the chunk counts
+   over the chunks, in place in the scratch ("entries of expert e in chunks before c"), and the
+   aligned total (num_tokens_per_expert).
+3. place: program c sums the aligned totals of the experts before each of its entries' expert
+   (the segment start; program 0 also writes expert_start / expert_end), gives each valid entry
+   the row start[e] + prefix[c, e] + (entries of e earlier in the chunk, a pairwise count), and
+   scatters token, slot and expert to that row.
 Entries outside [0, E) are padding (-1): the public op rejects ids >= E where it reads values;
 with force_no_sync they are skipped, and a row past P is never written (memory-safe either way).
 """
@@ -26,10 +28,10 @@ from ._common import serialized
 OP = "get_fused_mapping"
 #: flat (token, slot) entries per chunk: the place pass compares every pair of a chunk
 CHUNK = 64
-#: experts per tile in the count pass, experts x chunks per tile in the scan
+#: experts per tile in the count and place passes; experts x chunks per tile (and program) in the scan
 COUNT_E_BLOCK = 64
-SCAN_E_BLOCK = 128
-SCAN_C_BLOCK = 32
+SCAN_E_BLOCK = 32
+SCAN_C_BLOCK = 128
 #: rows per fill program
 FILL_ROWS = 1024
 
@@ -60,42 +62,46 @@ def moe_mapping_count_kernel(idx_ptr, prefix_ptr, pte_ptr, ptt_ptr, pttk_ptr, N,
 
 
 @triton.jit
-def moe_mapping_scan_kernel(prefix_ptr, start_ptr, end_ptr, aligned_ptr, E, CHUNKS, ALIGN,
-                            E_BLOCK: tl.constexpr, C_BLOCK: tl.constexpr):
-    carry = tl.sum(tl.zeros((E_BLOCK,), tl.int32), axis=0)  # rows of the segments before this expert block
-    for e0 in range(0, E, E_BLOCK):
-        ex = e0 + tl.arange(0, E_BLOCK)
-        emask = ex < E
-        running = tl.zeros((E_BLOCK,), tl.int32)
-        for c0 in range(0, CHUNKS, C_BLOCK):
-            cs = c0 + tl.arange(0, C_BLOCK)
-            m = (cs[:, None] < CHUNKS) & emask[None, :]
-            at = prefix_ptr + cs[:, None].to(tl.int64) * E + ex[None, :]
-            count = tl.load(at, mask=m, other=0)
-            tl.store(at, tl.cumsum(count, axis=0) - count + running[None, :], mask=m)
-            running += tl.sum(count, axis=0)
-        aligned = tl.where(emask, (running + ALIGN - 1) // ALIGN * ALIGN, 0)
-        start = carry + tl.cumsum(aligned, axis=0) - aligned
-        tl.store(start_ptr + ex, start, mask=emask)
-        tl.store(end_ptr + ex, start + aligned, mask=emask)
-        tl.store(aligned_ptr + ex, aligned, mask=emask)
-        carry += tl.sum(aligned, axis=0)
+def moe_mapping_scan_kernel(prefix_ptr, aligned_ptr, E, CHUNKS, ALIGN, E_BLOCK: tl.constexpr, C_BLOCK: tl.constexpr):
+    ex = tl.program_id(0) * E_BLOCK + tl.arange(0, E_BLOCK)
+    emask = ex < E
+    running = tl.zeros((E_BLOCK,), tl.int32)
+    for c0 in range(0, CHUNKS, C_BLOCK):
+        cs = c0 + tl.arange(0, C_BLOCK)
+        m = (cs[:, None] < CHUNKS) & emask[None, :]
+        at = prefix_ptr + cs[:, None].to(tl.int64) * E + ex[None, :]
+        count = tl.load(at, mask=m, other=0)
+        tl.store(at, tl.cumsum(count, axis=0) - count + running[None, :], mask=m)
+        running += tl.sum(count, axis=0)
+    tl.store(aligned_ptr + ex, (running + ALIGN - 1) // ALIGN * ALIGN, mask=emask)
 
 
 @triton.jit
-def moe_mapping_place_kernel(idx_ptr, prefix_ptr, start_ptr, ttp_ptr, pte_ptr, ptt_ptr, pttk_ptr, N, K, E, P,
-                             CHUNK: tl.constexpr):
+def moe_mapping_place_kernel(idx_ptr, prefix_ptr, aligned_ptr, start_ptr, end_ptr, ttp_ptr, pte_ptr, ptt_ptr,
+                             pttk_ptr, N, K, E, P, CHUNK: tl.constexpr, E_BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     lane = tl.arange(0, CHUNK)
     n = pid * CHUNK + lane
     inside = n < N
     e = _expert_of(tl.load(idx_ptr + n, mask=inside, other=-1), E)
     valid = inside & (e < E)
+    # each entry's segment start: the aligned rows of every expert before its own
+    carry = tl.sum(tl.zeros((E_BLOCK,), tl.int32), axis=0)
+    start = tl.zeros((CHUNK,), tl.int32)
+    for e0 in range(0, E, E_BLOCK):
+        ex = e0 + tl.arange(0, E_BLOCK)
+        emask = ex < E
+        aligned = tl.load(aligned_ptr + ex, mask=emask, other=0)
+        first = carry + tl.cumsum(aligned, axis=0) - aligned
+        if pid == 0:
+            tl.store(start_ptr + ex, first, mask=emask)
+            tl.store(end_ptr + ex, first + aligned, mask=emask)
+        start += tl.sum(tl.where(e[:, None] == ex[None, :], first[None, :], 0), axis=1)
+        carry += tl.sum(aligned, axis=0)
     # entries of the same expert earlier in this chunk (padding entries share the id E; unused)
     earlier = tl.sum(((e[None, :] == e[:, None]) & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
-    ec = tl.where(valid, e, 0)
-    before = tl.load(prefix_ptr + pid.to(tl.int64) * E + ec, mask=valid, other=0)
-    pos = tl.load(start_ptr + ec, mask=valid, other=0) + before + earlier
+    before = tl.load(prefix_ptr + pid.to(tl.int64) * E + tl.where(valid, e, 0), mask=valid, other=0)
+    pos = start + before + earlier
     tl.store(ttp_ptr + n, tl.where(valid, pos, -1), mask=inside)
     row = valid & (pos < P)
     tl.store(pte_ptr + pos, e, mask=row)
@@ -129,9 +135,10 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
     if chunks + p:
         moe_mapping_count_kernel[(chunks + triton.cdiv(p, FILL_ROWS),)](
             idx, prefix, *rows, n, e, p, chunks, CHUNK=CHUNK, E_BLOCK=COUNT_E_BLOCK, FILL_ROWS=FILL_ROWS)
-    moe_mapping_scan_kernel[(1,)](prefix, *per_expert, e, chunks, alignment, E_BLOCK=SCAN_E_BLOCK,
-                                  C_BLOCK=SCAN_C_BLOCK)
-    if chunks:
-        moe_mapping_place_kernel[(chunks,)](idx, prefix, per_expert[0], token_topk_to_pos, *rows, n, k, e, p,
-                                            CHUNK=CHUNK)
+    moe_mapping_scan_kernel[(triton.cdiv(e, SCAN_E_BLOCK),)](prefix, per_expert[2], e, chunks, alignment,
+                                                             E_BLOCK=SCAN_E_BLOCK, C_BLOCK=SCAN_C_BLOCK)
+    # at least one place program: program 0 writes expert_start / expert_end even without entries
+    moe_mapping_place_kernel[(max(chunks, 1),)](idx, prefix, per_expert[2], per_expert[0], per_expert[1],
+                                                token_topk_to_pos, *rows, n, max(k, 1), e, p, CHUNK=CHUNK,
+                                                E_BLOCK=COUNT_E_BLOCK)
     return (*rows, token_topk_to_pos, *per_expert)
