@@ -135,7 +135,8 @@ int engines() {
 // Runs the plan on `engine` (0: the best available); -1 when that engine cannot run here.
 int run(const Args& a, const int64_t* splits, int64_t nsplits, int64_t nslots, int nthreads, int engine) {
   const int have = engines();
-  if (engine == 0) engine = (have & kAmx) ? kAmx : kFma;
+  if (engine == 0) engine = (have & kAmx) && !a.model1 ? kAmx : kFma;  // AMX reads 656-byte rows only
+  if (a.model1 && engine != kFma) return -2;
   if (!(have & engine) || (engine != kFma && engine != kAmx)) return -1;  // never a tile instruction unpermitted
 #ifdef PK_MLA_AMX
   if (engine == kAmx) {
@@ -156,18 +157,21 @@ PK_EXPORT int pk_mla_engines() { return engines(); }
 // splits: int64 [nsplits, 4] = (job, first key, end key, output slot) over the jobs in job order
 // (dense: job = b * h_kv + h; sparse: job = b * s_q + i); a job with one split writes out/lse
 // directly (slot -1), others write partial results to slot and are merged here. engine: 0 = the
-// best available (AMX where permitted, else FMA), 1 = FMA, 2 = AMX. Returns 0, or -1 when the
-// engine asked for cannot run here (nothing was run).
+// best available (AMX where permitted, else FMA), 1 = FMA, 2 = AMX. fp8: 0 = bf16 cache, 1 = the
+// 656-byte V3.2 rows, 2 = FlashMLA's MODEL1 pages (d = 512; block_stride the page stride in bytes;
+// the FMA engine only). Returns 0, -1 when the engine asked for cannot run here, -2 when it cannot
+// read MODEL1 pages (nothing was run either way).
 PK_EXPORT int pk_mla_decode(const void* q, int64_t b, int64_t s_q, int64_t h_q, int64_t d, int64_t h_kv,
                              const void* cache, int fp8, int64_t num_blocks, int64_t block_size, int64_t block_stride,
                              int64_t token_stride, int64_t head_stride, const int32_t* block_table, int64_t max_blocks,
                              const int32_t* seqlens, const int32_t* indices, int64_t topk, float scale, int causal,
                              const int64_t* splits, int64_t nsplits, int64_t nslots, void* out, float* lse,
                              int nthreads, int engine) {
-  const Args a{static_cast<const uint16_t*>(q), b, s_q, h_q, d, h_kv, static_cast<const uint8_t*>(cache), fp8 != 0,
-               num_blocks, block_size, block_stride, token_stride, head_stride, block_table, max_blocks, seqlens,
-               indices, topk, scale, causal != 0, static_cast<uint16_t*>(out), lse, s_q, 1, nullptr, nullptr,
-               nullptr};
+  Args a{static_cast<const uint16_t*>(q), b, s_q, h_q, d, h_kv, static_cast<const uint8_t*>(cache), fp8 != 0,
+         num_blocks, block_size, block_stride, token_stride, head_stride, block_table, max_blocks, seqlens,
+         indices, topk, scale, causal != 0, static_cast<uint16_t*>(out), lse, s_q, 1, nullptr, nullptr,
+         nullptr};
+  a.model1 = fp8 == 2;
   return run(a, splits, nsplits, nslots, nthreads, engine);
 }
 

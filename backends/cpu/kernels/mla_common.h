@@ -31,7 +31,14 @@ struct Args {
   float* max_logits;            // null, or laid out like lse: each row's largest scaled logit
   const float* sink;            // null, or [h_q] sink logits: out scaled by e^lse / (e^lse + e^sink)
   const int32_t* topk_length;   // null, or [b * s_q]: sparse rows read only their first topk_length keys
+  // FlashMLA's MODEL1 pages (d = 512) instead of 656-byte rows: a page of block_size tokens holds
+  // each token's 448 e4m3 + 64 bf16 at t * 576, then each token's 7 UE8M0 scales + 1 pad at
+  // block_size * 576 + t * 8 (token_stride and head_stride are unused)
+  bool model1 = false;
 };
+
+constexpr int64_t M1_NOPE = 448, M1_TILE = 64, M1_TILES = 7;  // MODEL1: NoPE values, per scale, scales
+constexpr int64_t M1_VALUES = 576, M1_SCALES = 8;             // MODEL1: value bytes, scale bytes per token
 
 struct Job {
   int64_t b, h, i;  // batch, kv head (dense) ; query token (sparse, else -1)
@@ -56,8 +63,9 @@ inline void row_of(const Args& a, const Job& j, int64_t r, int64_t* i, int64_t* 
   }
 }
 
-// The cache bytes of key `k` of a job (null: the key is invisible to every row / not stored).
-inline const uint8_t* key_ptr(const Args& a, const Job& j, int64_t k) {
+// The cache bytes of key `k` of a job (null: the key is invisible to every row / not stored). For
+// MODEL1 pages these are the token's 576 value bytes and `*scales` (when given) its 8 scale bytes.
+inline const uint8_t* key_ptr(const Args& a, const Job& j, int64_t k, const uint8_t** scales = nullptr) {
   int64_t slot;
   if (j.i >= 0) {
     slot = a.indices[(j.b * a.s_q + j.i) * a.topk + k];
@@ -66,6 +74,12 @@ inline const uint8_t* key_ptr(const Args& a, const Job& j, int64_t k) {
     const int64_t blk = a.block_table[j.b * a.max_blocks + k / a.block_size];
     if (blk < 0 || blk >= a.num_blocks) return nullptr;
     slot = blk * a.block_size + k % a.block_size;
+  }
+  if (a.model1) {
+    const uint8_t* page = a.cache + (slot / a.block_size) * a.block_stride;
+    const int64_t t = slot % a.block_size;
+    if (scales) *scales = page + a.block_size * M1_VALUES + t * M1_SCALES;
+    return page + t * M1_VALUES;
   }
   return a.cache + (slot / a.block_size) * a.block_stride + (slot % a.block_size) * a.token_stride +
          (j.i >= 0 ? 0 : j.h * a.head_stride);

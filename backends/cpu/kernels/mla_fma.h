@@ -74,6 +74,35 @@ inline void exp_chunk(const float* x, float* y) {
 #endif
 }
 
+// n e4m3 values at e -> fp32 at o, times the power-of-two scale sf (exact), n a multiple of 16.
+inline void fp8_times(const uint8_t* e, float sf, float* o, int n) {
+#if defined(__AVX512F__)
+  const __m512 vs = _mm512_set1_ps(sf);
+  for (int k = 0; k < n; k += 16)
+    _mm512_storeu_ps(o + k, _mm512_mul_ps(pk::fp8x16_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e + k))), vs));
+#elif defined(__AVX2__)
+  const __m256 vs = _mm256_set1_ps(sf), v256 = _mm256_set1_ps(256.0f);
+  for (int k = 0; k < n; k += 8) {
+    const __m256 v = pk::fp8x8_to_f32_scaled(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e + k)));
+    _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_mul_ps(v, v256), vs));
+  }
+#else
+  for (int k = 0; k < n; ++k) o[k] = pk::fp8_to_f32(e[k]) * sf;
+#endif
+}
+
+// A UE8M0 byte -> its scale 2^(e - 127) (0 gives the subnormal 2^-127; 0xff is NaN).
+inline float ue8m0_to_f32(uint8_t e) { return e == 0xff ? NAN : std::ldexp(1.0f, static_cast<int>(e) - 127); }
+
+// One MODEL1 token (value bytes p, scale bytes sc) -> 512 fp32: 7 tiles of 64 e4m3 times their
+// UE8M0 scale (exact), then the 64 bf16 RoPE values.
+inline void load_key_model1(const uint8_t* p, const uint8_t* sc, float* dst) {
+  for (int t = 0; t < M1_TILES; ++t) fp8_times(p + M1_TILE * t, ue8m0_to_f32(sc[t]), dst + M1_TILE * t, M1_TILE);
+  uint16_t h[DV - M1_NOPE];
+  std::memcpy(h, p + M1_NOPE, sizeof(h));
+  for (int64_t c = 0; c < DV - M1_NOPE; ++c) dst[M1_NOPE + c] = pk::bf16_to_f32(h[c]);
+}
+
 // One cache row -> d fp32 values: bf16 widened, or FP8: 4 tiles of 128 e4m3 times their
 // power-of-two scale (exact) and the 64 bf16 RoPE values.
 inline void load_key(const Args& a, const uint8_t* p, float* dst) {
@@ -84,21 +113,7 @@ inline void load_key(const Args& a, const uint8_t* p, float* dst) {
     for (int t = 0; t < 4; ++t) {
       float sf;
       std::memcpy(&sf, p + DV + 4 * t, 4);
-      const uint8_t* e = p + 128 * t;
-      float* o = dst + 128 * t;
-#if defined(__AVX512F__)
-      const __m512 vs = _mm512_set1_ps(sf);
-      for (int k = 0; k < 128; k += 16)
-        _mm512_storeu_ps(o + k, _mm512_mul_ps(pk::fp8x16_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e + k))), vs));
-#elif defined(__AVX2__)
-      const __m256 vs = _mm256_set1_ps(sf), v256 = _mm256_set1_ps(256.0f);
-      for (int k = 0; k < 128; k += 8) {
-        const __m256 v = pk::fp8x8_to_f32_scaled(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e + k)));
-        _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_mul_ps(v, v256), vs));
-      }
-#else
-      for (int k = 0; k < 128; ++k) o[k] = pk::fp8_to_f32(e[k]) * sf;
-#endif
+      fp8_times(p + 128 * t, sf, dst + 128 * t, 128);
     }
     std::memcpy(h + DV, p + DV + 16, static_cast<size_t>(a.d - DV) * 2);
     first_bf16 = DV;
@@ -141,15 +156,17 @@ void run_task(const Args& a, const Job& j, int64_t k0, int64_t k1, Work& w) {
     // gather: keys past cn keep old (finite or zero) values, their logits are never read and P·V
     // stops at cn; a key that is not stored is zero, so its P = 0 multiplies zeros
     bool present[CK];
-    const int64_t row_bytes = a.fp8 ? DV + 16 + (a.d - DV) * 2 : a.d * 2;
+    const int64_t row_bytes = a.model1 ? M1_VALUES : a.fp8 ? DV + 16 + (a.d - DV) * 2 : a.d * 2;
     for (int64_t k = 0; k < cn; ++k) {
-      const uint8_t* p = key_ptr(a, j, c0 + k);
+      const uint8_t* sc = nullptr;
+      const uint8_t* p = key_ptr(a, j, c0 + k, &sc);
       present[k] = p != nullptr;
       // the same key of the next chunk, into L2 while this chunk's products run
       const uint8_t* next = c0 + CK + k < k1 ? key_ptr(a, j, c0 + CK + k) : nullptr;
       if (next)
         for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(next + off, 0, 2);
-      if (p) load_key(a, p, key);
+      if (p && a.model1) load_key_model1(p, sc, key);
+      else if (p) load_key(a, p, key);
       else std::fill(key, key + d, 0.0f);
       // Kᵀ panels [CK / NC][d][NC]; V panels [DV / NC][cn][NC] (P·V runs over the first cn keys)
       float* ktp = kt + (k / NC) * d * NC + k % NC;

@@ -1,10 +1,11 @@
 """Native MLA decode of the cpu backend (C++ in mla.cpp): flash_mla_with_kvcache over a bf16 or FP8
-(656-byte) paged cache, dense (causal or not) or sparse, split over the sequence with an lse merge;
+(656-byte rows, or FlashMLA's MODEL1 584-byte-per-token pages with d = 512) paged cache, dense (causal or not) or sparse, split over the sequence with an lse merge;
 and this backend's get_mla_metadata: the split plan. (The library also runs flash_mla_sparse_fwd:
 mla_prefill.py.)
 
 Two engines: AMX (bf16 tiles, mla_amx.h) where the CPU has AMX-BF16, else FMA (fp32 vectors,
-mla_fma.h) on every other CPU: AVX-512, AVX2, NEON or the generic build.
+mla_fma.h) on every other CPU: AVX-512, AVX2, NEON or the generic build. MODEL1 pages run on FMA
+(AMX's key loader reads 656-byte rows only).
 
 The plan (`mla_split_plan`) cuts every job — (sequence, KV head) for dense decode, (sequence, query
 token) for sparse — into key ranges so that the machine's threads get about two tasks each and no
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from portable_kernels.layouts.kv_cache_model1 import MODEL1_BYTES_PER_TOKEN, model1_cache_problem
 from portable_kernels.ops.attention.decode import reject_bad_cache_references
 from portable_kernels.core.native.build import F32, I32, I64, PTR, NativeLibrary, num_threads, register_library
 from portable_kernels.core.tensors import cdiv
@@ -129,12 +131,18 @@ def decode_native(call, engine: str | None = None) -> None:
     lib = LIB.get()
     if lib is None:
         raise RuntimeError(f"{op}: native MLA unavailable here: {LIB.reason()}")
+    model1 = call.is_fp8_kvcache and call.k_cache.shape[-1] == MODEL1_BYTES_PER_TOKEN
+    if model1 and engine == "amx":
+        raise ValueError(f"{op}: engine='amx' reads 656-byte rows only; MODEL1 pages run on engine='fma'")
     if engine is not None and engine not in engines():
         raise ValueError(f"{op}: engine={engine!r} cannot run here; this CPU and build run {engines()}")
     reject_bad_cache_references(call)  # the contract's rule, before any cache byte is read
     q, cache = call.q.contiguous(), call.k_cache
     b, s_q, h_q, d = q.shape
     nblocks, block_size, h_kv = cache.shape[:3]
+    if model1 and model1_cache_problem(cache) is not None:
+        chk.fail(op, "k_cache", f"MODEL1 pages with strides {cache.stride()}", "each page's bytes contiguous",
+                 model1_cache_problem(cache))
     if cache.stride(-1) != 1:
         chk.fail(op, "k_cache", f"with strides {cache.stride()}", "contiguous channels", "store tokens contiguously")
     for name, t in (("out", call.out), ("lse", call.lse)):
@@ -147,12 +155,16 @@ def decode_native(call, engine: str | None = None) -> None:
     indices = call.indices.contiguous() if call.indices is not None else None
     plan = _plan_for(call, b, s_q, h_kv)
     nslots = int((plan[:, 3] >= 0).sum())
-    status = lib.pk_mla_decode(q.data_ptr(), b, s_q, h_q, d, h_kv, cache.data_ptr(), int(call.is_fp8_kvcache),
-                      nblocks, block_size, cache.stride(0) * elem, cache.stride(1) * elem, cache.stride(2) * elem,
+    # a one-page cache's stride(0) means nothing (torch may report any): the page's own size then
+    page_stride = cache.stride(0) * elem if nblocks > 1 else block_size * cache.shape[-1] * elem
+    status = lib.pk_mla_decode(q.data_ptr(), b, s_q, h_q, d, h_kv, cache.data_ptr(),
+                      2 if model1 else int(call.is_fp8_kvcache), nblocks, block_size, page_stride, cache.stride(1) * elem, cache.stride(2) * elem,
                       chk.ptr(bt), 0 if bt is None else bt.shape[1], chk.ptr(seqlens), chk.ptr(indices),
                       0 if indices is None else indices.shape[-1], float(call.softmax_scale), int(call.causal),
                       plan.data_ptr(), plan.shape[0], nslots, call.out.data_ptr(), call.lse.data_ptr(), num_threads(),
                       0 if engine is None else ENGINES[engine])
+    if status == -2:
+        raise RuntimeError(f"{op}: native MLA refused engine {engine!r} for MODEL1 pages (FMA engine only)")
     if status:
         raise RuntimeError(f"{op}: native MLA refused engine {engine!r} (no AMX tile permission)")
 
