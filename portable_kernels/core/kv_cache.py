@@ -15,6 +15,7 @@ import attrs
 import torch
 
 from ..layouts.kv_cache import FLASHMLA_FP8_KV, KVCacheFormat, kv_cache_format_named
+from ..layouts.kv_cache_model1 import FLASHMLA_MODEL1_FP8_KV, MODEL1_BYTES_PER_TOKEN
 from .conversions import note_implicit_conversion
 from .errors import ContractError, LayoutError
 from .registry import Backend
@@ -63,18 +64,27 @@ def _rebuild(data: torch.Tensor, name: str, backend: str, params: tuple) -> Prep
     return PreparedKVCache(data, kv_cache_format_named(name), backend, params)
 
 
-def cache_format_for(backend: Backend, options: Any) -> KVCacheFormat:
-    """The order `backend`'s decode kernels read the FP8 cache in (FlashMLA's unless it says otherwise)."""
+def cache_format_for(backend: Backend, options: Any, have: KVCacheFormat | None = None) -> KVCacheFormat:
+    """The order `backend`'s decode kernels read the FP8 cache in (FlashMLA's unless it says otherwise).
+
+    A backend's `kv_cache_format` names its order of the V3.2 (d = 576) cache. A cache of another
+    head dim (`have`: FlashMLA's MODEL1 pages, d = 512) has no other order on any backend: it stays as is."""
     method = getattr(backend, "kv_cache_format", None)
-    return FLASHMLA_FP8_KV if method is None else method(dict(options))
+    want = FLASHMLA_FP8_KV if method is None else method(dict(options))
+    if have is not None and have.head_dim != want.head_dim:
+        return have
+    return want
 
 
 def cache_bytes(value: Any) -> tuple[Any, KVCacheFormat | None]:
     """(bytes, their Format) of a cache argument: a PreparedKVCache's own; a raw uint8 (or float8_e4m3fn)
-    656-byte cache is FlashMLA's order; anything else (a bf16 cache) has no Format (None)."""
+    cache is FlashMLA's: 584 bytes per token its MODEL1 pages, else its 656-byte V3.2 rows; anything
+    else (a bf16 cache) has no Format (None)."""
     if isinstance(value, PreparedKVCache):
         return value.data, value.format
     if isinstance(value, torch.Tensor) and value.dtype in (torch.uint8, torch.float8_e4m3fn) and value.dim() == 4:
+        if value.shape[-1] == MODEL1_BYTES_PER_TOKEN:
+            return value.view(torch.uint8), FLASHMLA_MODEL1_FP8_KV
         return value.view(torch.uint8), FLASHMLA_FP8_KV
     return value, None
 

@@ -167,6 +167,6 @@ def prepare_kv_cache(data: Any, have: Any, selection: Selection) -> Any:
     if have is None:
         return data
     backend = selection.backend
-    want = cache_format_for(backend, selection.options)
+    want = cache_format_for(backend, selection.options, have)
     return PreparedKVCache(to_cache_format(data, have, want), want, backend.name,
                            backend_params(backend, dict(selection.options)))

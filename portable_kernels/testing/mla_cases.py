@@ -13,6 +13,8 @@ import torch
 
 from ..layouts.constants import KV_FP8_BYTES_PER_TOKEN, KV_LATENT_DIM
 from ..layouts.kv_cache import dequantize_fp8_kv_cache, pack_fp8_kv_cache
+from ..layouts.kv_cache_model1 import (MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM, dequantize_model1_kv_cache,
+                                       model1_token_rows, pack_model1_kv_cache)
 from ..ops.attention.decode import (FLASH_MLA_WITH_KVCACHE, HEAD_DIM_V, INVALID_INDEX, LSE_ABS_TOL, LSE_REL_TOL, OUT_ABS_TOL,
                    OUT_REL_TOL, MlaMetadata, flash_mla_with_kvcache, get_mla_metadata, mla_decode_reference)
 from ..core.registry import forced_backend
@@ -53,9 +55,12 @@ def build_paged_cache(sequences: Sequence[torch.Tensor], block_size: int, *, see
 
     Blocks are assigned in a seeded random order; `spare_blocks` extra blocks stay unused and the
     table gets `spare_columns` extra columns. With `fp8`, tokens (h_kv = 1, d = 576) are packed into
-    the 656-byte FP8 format, else stored in `dtype`. Unused slots are NaN, unused table entries
-    UNUSED_BLOCK_ENTRY.
+    the 656-byte FP8 format (d = 512: FlashMLA's MODEL1 pages, 584 bytes per token), else stored in
+    `dtype`. Unused slots are NaN, unused table entries UNUSED_BLOCK_ENTRY.
     """
+    if fp8 and sequences[0].shape[-1] == MODEL1_HEAD_DIM:
+        return _build_model1_cache(sequences, block_size, seed=seed, spare_blocks=spare_blocks,
+                                   spare_columns=spare_columns)
     h_kv, d = sequences[0].shape[1:]
     lengths = [int(s.shape[0]) for s in sequences]
     counts = [cdiv(n, block_size) for n in lengths]
@@ -85,6 +90,22 @@ def build_paged_cache(sequences: Sequence[torch.Tensor], block_size: int, *, see
         held.append(values)
     seqlens = torch.tensor(lengths, dtype=torch.int32)
     return PagedKV(cache, table, seqlens, tuple(held), fp8)
+
+
+def _build_model1_cache(sequences: Sequence[torch.Tensor], block_size: int, *, seed: int, spare_blocks: int,
+                        spare_columns: int) -> PagedKV:
+    """build_paged_cache for MODEL1: the values scattered into NaN-filled bf16 pages, then the pages
+    quantized with FlashMLA's rule (NaN passes through, as in FlashMLA's test: unused slots are NaN)."""
+    plain = build_paged_cache(sequences, block_size, seed=seed, spare_blocks=spare_blocks,
+                              spare_columns=spare_columns)
+    cache = pack_model1_kv_cache(plain.k_cache, scale_rule="flash_mla")
+    values = dequantize_model1_kv_cache(cache, torch.float32).view(-1, 1, MODEL1_HEAD_DIM)
+    held = []
+    for i, seq in enumerate(sequences):
+        t = torch.arange(seq.shape[0])
+        blocks = plain.block_table[i, :cdiv(seq.shape[0], block_size)].long()
+        held.append(values[blocks[t // block_size] * block_size + t % block_size])
+    return PagedKV(cache, plain.block_table, plain.cache_seqlens, tuple(held), True)
 
 
 def random_kv(lengths: Sequence[int], h_kv: int, d: int, *, seed: int) -> list[torch.Tensor]:
@@ -155,7 +176,7 @@ class DecodeShape:
 
     def label(self) -> str:
         mode = f"sparse topk={self.topk}" if self.topk else ("causal" if self.causal else "dense")
-        cache = "fp8" if self.fp8 else str(self.dtype).replace("torch.", "")
+        cache = ("fp8 MODEL1" if self.d == MODEL1_HEAD_DIM else "fp8") if self.fp8 else str(self.dtype).replace("torch.", "")
         scale = "" if self.softmax_scale is None else f" scale={self.softmax_scale}"
         return (f"{mode} {cache} s_k={list(self.lengths)} s_q={self.s_q} h_q={self.h_q} h_kv={self.h_kv} "
                 f"d={self.d} block={self.block_size}{scale}")
@@ -168,6 +189,9 @@ QUICK_SHAPES = [
     DecodeShape((65, 0, 17), s_q=1, h_q=16, fp8=True),
     DecodeShape((100, 0, 7), s_q=2, h_q=16, fp8=True, topk=32, block_size=16),
     DecodeShape((40, 0, 9), s_q=2, h_q=8, d=512, block_size=16, causal=True, dtype=torch.float16),
+    # FlashMLA's MODEL1 pages (fp8 with d = 512): sparse as DeepSeek-V4 decodes, and dense
+    DecodeShape((100, 0, 69), s_q=2, h_q=16, d=512, fp8=True, topk=48, block_size=69),
+    DecodeShape((65, 3), s_q=1, h_q=8, d=512, fp8=True, block_size=2),
 ]
 FULL_SHAPES = QUICK_SHAPES + [
     DecodeShape((1000, 4096, 1, 2047), s_q=1, h_q=128),
@@ -231,12 +255,22 @@ def _refusal_case(defect: str, seed: int, device: torch.device) -> float:
                           defect, block_table)
 
 
+def _all_tokens(cache: torch.Tensor) -> torch.Tensor:
+    """Every token of an FP8 cache as a block-size-1 cache [nb·bs, 1, 1, width] (MODEL1: per-token bytes)."""
+    nb, bs = cache.shape[:2]
+    if cache.shape[-1] == MODEL1_BYTES_PER_TOKEN:
+        slots = torch.arange(nb * bs)
+        return model1_token_rows(cache, slots // bs, slots % bs).view(-1, 1, 1, MODEL1_BYTES_PER_TOKEN)
+    return cache.reshape(-1, 1, 1, KV_FP8_BYTES_PER_TOKEN)
+
+
 def _extras_case(lengths: tuple[int, ...], extra_lengths: tuple[int, ...], s_q: int, h_q: int, topk: int,
-                 extra_topk: int, sink: bool, limit: bool, seed: int, device: torch.device) -> float:
+                 extra_topk: int, sink: bool, limit: bool, seed: int, device: torch.device, d: int = 576) -> float:
     """FlashMLA's sparse extensions (attn_sink, topk_length, a second FP8 cache with its own block size)
-    against one sparse decode over both caches' tokens side by side (a different path from the op's)."""
-    first = build_paged_cache(random_kv(lengths, 1, 576, seed=seed), 16, seed=seed, fp8=True)
-    second = build_paged_cache(random_kv(extra_lengths, 1, 576, seed=seed + 1), 8, seed=seed + 1, fp8=True)
+    against one sparse decode over both caches' tokens side by side (a different path from the op's).
+    d = 512: both caches are MODEL1 pages."""
+    first = build_paged_cache(random_kv(lengths, 1, d, seed=seed), 16, seed=seed, fp8=True)
+    second = build_paged_cache(random_kv(extra_lengths, 1, d, seed=seed + 1), 8, seed=seed + 1, fp8=True)
     idx1 = random_indices(first, s_q, topk, seed=seed + 2)[0]
     idx2 = random_indices(second, s_q, extra_topk, seed=seed + 3)[0]
     b = len(lengths)
@@ -246,7 +280,7 @@ def _extras_case(lengths: tuple[int, ...], extra_lengths: tuple[int, ...], s_q: 
     attn_sink = (torch.randn(h_q, generator=g) * 2).float() if sink else None
     if sink:
         attn_sink[0] = float("inf")  # FlashMLA: +inf makes that head's output 0
-    q = randn(b, s_q, h_q, 576, seed=seed + 5, dtype=torch.bfloat16)
+    q = randn(b, s_q, h_q, d, seed=seed + 5, dtype=torch.bfloat16)
     meta, splits = get_mla_metadata(first.cache_seqlens.to(device), s_q * h_q, 1, h_q, True, topk)
     out, lse = flash_mla_with_kvcache(
         q.to(device), first.k_cache.to(device), None, None, HEAD_DIM_V, meta, splits, is_fp8_kvcache=True,
@@ -256,13 +290,12 @@ def _extras_case(lengths: tuple[int, ...], extra_lengths: tuple[int, ...], s_q: 
         extra_topk_length=None if len2 is None else len2.to(device))
     # the reference: both caches' tokens as one block-size-1 cache, the limited indices side by side
     n1 = first.k_cache.shape[0] * first.k_cache.shape[1]
-    joint = torch.cat((first.k_cache.view(-1, 1, 1, KV_FP8_BYTES_PER_TOKEN),
-                       second.k_cache.view(-1, 1, 1, KV_FP8_BYTES_PER_TOKEN)))
+    joint = torch.cat((_all_tokens(first.k_cache), _all_tokens(second.k_cache)))
     keep1 = torch.ones_like(idx1, dtype=torch.bool) if len1 is None else torch.arange(topk) < len1.view(-1, 1, 1)
     keep2 = torch.ones_like(idx2, dtype=torch.bool) if len2 is None else torch.arange(extra_topk) < len2.view(-1, 1, 1)
     joint_idx = torch.cat((torch.where(keep1, idx1, INVALID_INDEX),
                            torch.where(keep2 & (idx2 >= 0), idx2 + n1, INVALID_INDEX)), dim=-1)
-    ref_out, ref_lse = mla_decode_reference(q, joint, None, None, HEAD_DIM_V, 576 ** -0.5, False, True, joint_idx,
+    ref_out, ref_lse = mla_decode_reference(q, joint, None, None, HEAD_DIM_V, d ** -0.5, False, True, joint_idx,
                                             dtype=torch.float64)
     if attn_sink is not None:
         factor = torch.sigmoid(ref_lse - attn_sink.double().view(1, -1, 1)).masked_fill(torch.isposinf(ref_lse), 0)
@@ -278,16 +311,17 @@ def flash_mla_cases(quick: bool) -> list[Case]:
     for i, shape in enumerate(QUICK_SHAPES if quick else FULL_SHAPES):
         seed = 4000 + 10 * i
         cases.append(Case("flash_mla_with_kvcache", shape.label(), seed, functools.partial(_decode_case, shape, seed)))
-    extras = [((50, 0, 9), (20, 33, 0), 2, 16, 16, 8, True, True), ((70,), (5,), 1, 8, 32, 4, False, False)]
+    extras = [((50, 0, 9), (20, 33, 0), 2, 16, 16, 8, True, True, 576), ((70,), (5,), 1, 8, 32, 4, False, False, 576),
+              ((40, 7), (30, 0), 2, 16, 16, 8, True, True, 512)]  # the last: MODEL1 pages (DeepSeek-V4's call)
     if not quick:
-        extras.append(((900, 300), (2000, 64), 2, 64, 256, 128, True, True))
-    for j, (lengths, extra_lengths, s_q, h_q, topk, extra_topk, sink, limit) in enumerate(extras):
+        extras.append(((900, 300), (2000, 64), 2, 64, 256, 128, True, True, 576))
+    for j, (lengths, extra_lengths, s_q, h_q, topk, extra_topk, sink, limit, d) in enumerate(extras):
         seed = 4700 + 10 * j
         label = (f"sparse extras: s_k={list(lengths)} extra s_k={list(extra_lengths)} topk={topk}+{extra_topk} "
-                 f"attn_sink={sink} topk_length={limit}")
+                 f"attn_sink={sink} topk_length={limit}" + (" MODEL1 d=512" if d == MODEL1_HEAD_DIM else ""))
         cases.append(Case("flash_mla_with_kvcache", label, seed,
                           functools.partial(_extras_case, lengths, extra_lengths, s_q, h_q, topk, extra_topk, sink,
-                                            limit, seed)))
+                                            limit, seed, d=d)))
     for j, defect in enumerate(("cache_seqlens", "block_table", "indices")):
         seed = 4900 + 10 * j
         cases.append(Case("flash_mla_with_kvcache", f"refuses an out-of-range {defect}", seed,

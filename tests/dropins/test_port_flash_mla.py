@@ -58,9 +58,50 @@ def test_quantize_k_cache_writes_flashmla_bytes_for_a_magnitude_sweep_zeros_and_
     assert pk.calc_diff(back[3].float(), k[3].float()) < 1e-3
 
 
-def test_model1_cache_layout_is_refused_with_the_reason():
-    with pytest.raises(pk.ContractError, match="MODEL1"):
-        flash_mla.quantize_k_cache(torch.zeros(1, 64, 1, 512), flash_mla.FP8KVCacheLayout.MODEL1_FP8Sparse)
+MODEL1 = flash_mla.FP8KVCacheLayout.MODEL1_FP8Sparse
+
+
+def fm_quantize_model1(k):  # [nb, bs, 1, 512] bf16 -> uint8 pages [nb, bs, 1, 584], each page padded to 576·n
+    nb, bs = k.shape[:2]
+    k = k.squeeze(2)
+    padded = -(-bs * 584 // 576) * 576
+    out = torch.zeros(nb, padded, dtype=torch.uint8)
+    values = out[:, :bs * 576].view(nb, bs, 576)
+    scales = out[:, bs * 576:bs * 584].view(nb, bs, 8)
+    values[..., 448:] = k[..., 448:].contiguous().view(torch.uint8)
+    for t in range(7):
+        tile = k[..., 64 * t:64 * (t + 1)]
+        sf = torch.pow(2, torch.clamp_min(tile.abs().max(-1).values.float() / 448.0, 1e-4).log2().ceil()).float()
+        scales[..., t] = sf.to(torch.float8_e8m0fnu).view(torch.uint8)
+        values[..., 64 * t:64 * (t + 1)] = (tile.float() / sf.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8)
+    return out[:, :bs * 584].view(nb, bs, 1, 584)
+
+
+@pytest.mark.parametrize("block_size", [64, 2, 69])
+def test_quantize_k_cache_writes_flashmla_model1_pages_for_a_magnitude_sweep_zeros_and_nan(block_size):
+    k = torch.randn(4, block_size, 1, 512).to(torch.bfloat16)
+    k[0] *= torch.logspace(-30, 10, block_size, base=2).view(block_size, 1, 1).to(torch.bfloat16)
+    k[1, :1] = 0                                                                      # an all-zero token
+    k[2, 1:] = float("nan")                                                           # poisoned unused slots
+    got = flash_mla.quantize_k_cache(k, MODEL1)
+    assert got.dtype == torch.float8_e4m3fn and got.shape == (4, block_size, 1, 584)
+    assert torch.equal(got.view(torch.uint8), fm_quantize_model1(k))
+    assert got.view(torch.uint8)[1].view(-1)[block_size * 576:block_size * 576 + 8].tolist() == [0x72] * 7 + [0]
+    back = flash_mla.dequantize_k_cache(got, MODEL1)
+    assert back.shape == (4, block_size, 1, 512) and back.dtype == torch.bfloat16
+    assert torch.equal(back[3, ..., 448:], k[3, ..., 448:])
+    assert pk.calc_diff(back[3].float(), k[3].float()) < 1e-3
+    assert torch.equal(flash_mla.dequantize_k_cache(fm_quantize_model1(k), MODEL1).nan_to_num(7.0),
+                       back.nan_to_num(7.0))                                         # FlashMLA's padded pages
+
+
+def test_quantize_k_cache_refuses_a_cache_of_the_other_layouts_head_dim():
+    with pytest.raises(pk.ContractError, match="input_k_cache"):
+        flash_mla.quantize_k_cache(torch.zeros(1, 64, 1, 576, dtype=torch.bfloat16), MODEL1)
+    with pytest.raises(pk.ContractError, match="quant_k_cache"):
+        flash_mla.dequantize_k_cache(torch.zeros(1, 64, 1, 656, dtype=torch.uint8), MODEL1)
+    with pytest.raises(pk.ContractError, match="kvcache_layout"):
+        flash_mla.quantize_k_cache(torch.zeros(1, 64, 1, 512, dtype=torch.bfloat16), "MODEL1")
 
 
 # -- decode ------------------------------------------------------------------------------------------
@@ -261,3 +302,50 @@ def test_upstream_module_path_flash_mla_interface():
     for name in module.__all__:
         assert getattr(module, name) is getattr(flash_mla, name), name
     assert flash_mla.__version__ == "1.0.0"
+
+
+# -- MODEL1 (DeepSeek-V4: d_qk = d_v = 512, 584-byte tokens) -------------------------------------------
+
+def _model1_cache(num_blocks, block_size, nan_from):
+    """FlashMLA's test's MODEL1 cache: NaN-poisoned unused slots, pages padded to 576-byte multiples."""
+    k = (torch.randn(num_blocks, block_size, 1, 512) / 4).to(torch.bfloat16)
+    k.view(-1, 512)[nan_from:] = float("nan")
+    quant = fm_quantize_model1(k).view(torch.float8_e4m3fn)
+    return quant, flash_mla.dequantize_k_cache(quant, MODEL1).view(-1, 512).float()
+
+
+@pytest.mark.parametrize("with_extra", [False, True])
+def test_model1_sparse_decode_with_sink_topk_length_and_extra_cache(with_extra):
+    b, s_q, h_q = 3, 2, 64
+    cache, flat = _model1_cache(6, 64, nan_from=300)
+    idx = _indices(b, s_q, 64, 300)
+    topk_length = torch.tensor([64, 10, 0], dtype=torch.int32)
+    attn_sink = torch.randn(h_q)
+    attn_sink[3] = float("inf")
+    extra, extra_flat, extra_idx, extra_len = None, None, None, None
+    if with_extra:
+        extra, extra_flat = _model1_cache(5, 2, nan_from=7)
+        extra_idx = _indices(b, s_q, 16, 7)
+        extra_len = torch.tensor([3, 16, 0], dtype=torch.int32)
+    q = torch.randn(b, s_q, h_q, 512).to(torch.bfloat16)
+    sched, _ = flash_mla.get_mla_metadata()
+    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, sched, None, is_fp8_kvcache=True,
+                                                indices=idx, attn_sink=attn_sink, extra_k_cache=extra,
+                                                extra_indices_in_kvcache=extra_idx, topk_length=topk_length,
+                                                extra_topk_length=extra_len)
+    assert out.shape == (b, s_q, h_q, 512) and lse.shape == (b, h_q, s_q)
+    parts = [(flat, idx, topk_length)] + ([(extra_flat, extra_idx, extra_len)] if with_extra else [])
+    ref_out, ref_lse = _sparse_ref(q, parts, 512 ** -0.5, attn_sink)
+    _allclose(out, ref_out, OUT_ABS, OUT_REL)
+    _allclose(lse, ref_lse, LSE_ABS, LSE_REL)
+    assert pk.calc_diff(out.double(), ref_out) < 5e-6
+    assert not out[:, :, 3].any()
+    assert not out[2].any() and torch.isposinf(lse[2]).all()
+
+
+def test_model1_cache_needs_q_of_head_dim_512():
+    cache, _ = _model1_cache(2, 64, nan_from=128)
+    q = torch.randn(1, 1, 16, 576).to(torch.bfloat16)
+    with pytest.raises(pk.ContractError, match="512 for the MODEL1 cache"):
+        flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, flash_mla.get_mla_metadata()[0], None,
+                                         is_fp8_kvcache=True, indices=_indices(1, 1, 8, 64))

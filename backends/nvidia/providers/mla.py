@@ -47,6 +47,14 @@ def _decode(call: MlaDecodeInputs) -> None:
                                                 meta, num_splits, call.out, call.lse)
 
 
+def _triton_decode_reasons(call: MlaDecodeInputs) -> list[str]:
+    out = triton_reasons(call)
+    if call.k_cache_format is not None and call.k_cache_format.paged:
+        out.append(f"the Triton decode reads 656-byte rows, not {call.k_cache_format.name} (FlashMLA's MODEL1 "
+                   "pages: the flash_mla delegation or the layout-reference oracle)")
+    return out
+
+
 def _flash_mla_reasons(call: MlaDecodeInputs) -> list[str]:
     missing = flash_mla.unavailable_reason()
     return [missing] if missing else flash_mla.reasons(call.k_cache, call.k_cache.shape[2])
@@ -63,8 +71,8 @@ def register(registry: Registry) -> None:
                     check=triton_reasons, doc="split-KV schedule on the device (torch ops, no host sync)")(_metadata)
     registry.kernel(FLASH_MLA_WITH_KVCACHE.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
                     dtypes={"q": (torch.bfloat16, torch.float16)},
-                    check=triton_reasons,
-                    doc="Triton split-KV decode + combine; bf16/fp16/FP8 caches, sparse")(_decode)
+                    check=_triton_decode_reasons,
+                    doc="Triton split-KV decode + combine; bf16/fp16/FP8 (656-byte) caches, sparse")(_decode)
     registry.kernel(FLASH_MLA_WITH_KVCACHE.name, BACKEND, "flash_mla", priority=LIBRARY_PRIORITY, devices=("cuda",),
                     dtypes={"q": (torch.bfloat16,)},
                     check=_flash_mla_reasons, shape_class=lambda call: tuple(call.k_cache.shape[1:3]),

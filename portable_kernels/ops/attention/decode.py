@@ -27,6 +27,8 @@ from ...core.dispatch import plan_for, run_plan
 from ...core.errors import ContractError, format_problem
 from ...layouts.constants import KV_FP8_BYTES_PER_TOKEN, KV_HEAD_DIM, KV_LATENT_DIM
 from ...layouts.kv_cache import FLASHMLA_FP8_KV, KVCacheFormat, dequantize_fp8_kv_cache
+from ...layouts.kv_cache_model1 import (FLASHMLA_MODEL1_FP8_KV, MODEL1_BYTES_PER_TOKEN, MODEL1_HEAD_DIM,
+                                        model1_cache_problem)
 from ...core.kv_cache import PreparedKVCache, cache_bytes, cache_format_for, convert_cache_in_call
 from ...core.registry import forced_key, use_backend
 from ...core.providers import Inputs
@@ -64,6 +66,8 @@ LSE_REL_TOL = 8.01 / 65536
 def _gather_tokens(k_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor, is_fp8_kvcache: bool,
                    dtype: torch.dtype) -> torch.Tensor:
     """Cache tokens at (blocks, offsets) -> [..., h_kv, d] in `dtype` (FP8 tokens dequantized)."""
+    if is_fp8_kvcache and k_cache.shape[-1] == MODEL1_BYTES_PER_TOKEN:  # MODEL1: a token's bytes are per page
+        return FLASHMLA_MODEL1_FP8_KV.tokens(k_cache, blocks, offsets, torch.float32).to(dtype)
     tokens = k_cache[blocks, offsets]
     if is_fp8_kvcache:
         tokens = dequantize_fp8_kv_cache(tokens, torch.float32)
@@ -369,14 +373,26 @@ def _check_cache(op: str, q: torch.Tensor, k_cache: Any, is_fp8_kvcache: bool, a
         raise ContractError(format_problem(op, "is_fp8_kvcache", given, f"{not is_fp8_kvcache} for this cache",
                                            "pass is_fp8_kvcache=True exactly when k_cache is the uint8 FP8 cache"))
     if is_fp8_kvcache:
-        want = f"[num_blocks, block_size, {FP8_KV_HEADS}, {KV_FP8_BYTES_PER_TOKEN}]"
-        if k_cache.shape[2] != FP8_KV_HEADS or k_cache.shape[3] != KV_FP8_BYTES_PER_TOKEN:
-            raise ContractError(format_problem(op, "k_cache", f"uint8 of shape {tuple(k_cache.shape)}", want,
-                                               "pack tokens with portable_kernels.layouts.pack_fp8_kv_cache"))
-        if d != KV_HEAD_DIM:
+        want = (f"[num_blocks, block_size, {FP8_KV_HEADS}, {KV_FP8_BYTES_PER_TOKEN}] (V3.2 rows, d = {KV_HEAD_DIM}) "
+                f"or [num_blocks, block_size, {FP8_KV_HEADS}, {MODEL1_BYTES_PER_TOKEN}] (MODEL1 pages, d = "
+                f"{MODEL1_HEAD_DIM})")
+        if k_cache.shape[2] != FP8_KV_HEADS or k_cache.shape[3] not in (KV_FP8_BYTES_PER_TOKEN, MODEL1_BYTES_PER_TOKEN):
+            raise ContractError(format_problem(op, arg, f"uint8 of shape {tuple(k_cache.shape)}", want,
+                                               "pack tokens with layouts.pack_fp8_kv_cache (V3.2) or "
+                                               "layouts.pack_model1_kv_cache / flash_mla.quantize_k_cache (MODEL1)"))
+        model1 = k_cache.shape[3] == MODEL1_BYTES_PER_TOKEN
+        if model1 and d != MODEL1_HEAD_DIM:
+            raise ContractError(format_problem(op, "q", f"of head dim {d}", f"{MODEL1_HEAD_DIM} for the MODEL1 cache",
+                                               f"the {MODEL1_BYTES_PER_TOKEN}-byte MODEL1 cache holds 448 NoPE + 64 "
+                                               f"RoPE channels; pass q with {MODEL1_HEAD_DIM}"))
+        if not model1 and d != KV_HEAD_DIM:
             raise ContractError(format_problem(op, "q", f"of head dim {d}", f"{KV_HEAD_DIM} for the FP8 cache",
                                                "the 656-byte cache holds 512 latent + 64 RoPE channels; "
                                                "pass q with 576"))
+        problem = model1_cache_problem(k_cache) if model1 else None
+        if problem is not None:
+            raise ContractError(format_problem(op, arg, f"MODEL1 pages with strides {k_cache.stride()}",
+                                               "each page's block_size·584 bytes contiguous", problem))
     elif k_cache.shape[3] != d:
         raise ContractError(format_problem(op, "k_cache", f"of head dim {k_cache.shape[3]}", f"q's head dim {d}",
                                            "pass q and k_cache with the same head dim (576 or 512)"))
@@ -623,7 +639,7 @@ def _decode(q: torch.Tensor, k_cache: Any, block_table: Any, cache_seqlens: Any,
                              is_fp8_kvcache, indices, meta, meta.num_splits, out, lse, cache_format)
     plan = _plan(inputs, tag)
     if cache_format is not None:
-        want = cache_format_for(plan.selection.backend, plan.selection.options)
+        want = cache_format_for(plan.selection.backend, plan.selection.options, cache_format)
         if want is not cache_format:  # the slow path: the whole cache, counted (prepare it once instead)
             k_cache = convert_cache_in_call(op, cache_arg, k_cache, cache_format, want, plan.backend)
             inputs = inputs.replace(k_cache=k_cache, k_cache_format=want)

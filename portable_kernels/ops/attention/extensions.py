@@ -24,6 +24,8 @@ from ...core.kv_cache import PreparedKVCache, cache_bytes, convert_cache_in_call
 from .decode import (FLASH_MLA_WITH_KVCACHE, FP8_KV_HEADS, INDEX_DTYPE, INVALID_INDEX, SINK_DTYPE, _check_cache,
                   _check_indices_values, _check_metadata, _decode, get_mla_metadata)
 from ...core.tensors import describe
+from ...layouts.kv_cache import KVCacheFormat
+from ...layouts.kv_cache_model1 import FLASHMLA_MODEL1_FP8_KV, model1_token_rows
 
 
 def limit_topk(indices: torch.Tensor, topk_length: torch.Tensor | None) -> torch.Tensor:
@@ -35,14 +37,18 @@ def limit_topk(indices: torch.Tensor, topk_length: torch.Tensor | None) -> torch
 
 
 def joint_cache(k_cache: torch.Tensor, indices: torch.Tensor, extra_k_cache: torch.Tensor,
-                extra_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens of both index sets as one cache uint8 [b·s_q·T, 1, 1, 656] (T = topk + extra_topk)
-    and int32 indices [b, s_q, T] into it (-1 kept where either set had -1)."""
+                extra_indices: torch.Tensor, fmt: KVCacheFormat | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens of both index sets as one cache uint8 [b·s_q·T, 1, 1, width] (T = topk + extra_topk)
+    and int32 indices [b, s_q, T] into it (-1 kept where either set had -1). MODEL1 pages (`fmt`
+    FLASHMLA_MODEL1_FP8_KV): a page of one token is its 576 value bytes then its 8 scale bytes."""
     parts = []
     for cache, idx in ((k_cache, indices), (extra_k_cache, extra_indices)):
         block_size = cache.shape[1]
         slots = idx.long().clamp(0, cache.shape[0] * block_size - 1)     # memory-safe for any value
-        parts.append(cache[slots // block_size, slots % block_size])    # [b, s_q, topk, 1, 656]
+        if fmt is FLASHMLA_MODEL1_FP8_KV:
+            parts.append(model1_token_rows(cache, slots // block_size, slots % block_size).unsqueeze(-2))
+        else:
+            parts.append(cache[slots // block_size, slots % block_size])    # [b, s_q, topk, 1, 656]
     tokens = torch.cat(parts, dim=2)
     b, s_q, total = tokens.shape[:3]
     valid = torch.cat((indices, extra_indices), dim=-1) != INVALID_INDEX
@@ -112,7 +118,8 @@ def sparse_decode_with_extras(q: torch.Tensor, k_cache: Any, head_dim_v: Any, me
         for cache, idx in ((k_cache, indices), (extra_k_cache, extra_indices)):
             if checks_values(idx):
                 _check_indices_values(op, idx, cache)
-        cache, joint = joint_cache(k_cache, indices, extra_k_cache, limit_topk(extra_indices, extra_topk_length))
+        cache, joint = joint_cache(k_cache, indices, extra_k_cache, limit_topk(extra_indices, extra_topk_length),
+                                   fmt)
         if prepared is not None:  # the joint rows keep the cache's order and backend
             cache = PreparedKVCache(cache, fmt, prepared.backend, prepared.params)
         lengths = torch.zeros(b, dtype=INDEX_DTYPE, device=q.device)  # sparse metadata reads only the batch size

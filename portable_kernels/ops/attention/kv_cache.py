@@ -68,6 +68,11 @@ def write_kv_cache(k_cache: Any, blocks: torch.Tensor, offsets: torch.Tensor, kv
                 or tuple(value.shape) != (kv.shape[0],):
             raise ContractError(format_problem(op, name, describe(value), f"int32/int64 [{kv.shape[0]}] like kv",
                                                "pass one page index and one in-page offset per token"))
+    if fmt is not None and fmt.paged:
+        raise ContractError(format_problem(op, "k_cache", f"a {fmt.name} cache (d = {fmt.head_dim})",
+                                           "a V3.2 cache (576 channels per token)",
+                                           "write MODEL1 pages with flash_mla.quantize_k_cache(..., "
+                                           "FP8KVCacheLayout.MODEL1_FP8Sparse) or layouts.pack_model1_kv_cache"))
     if fmt is None:
         if data.dtype != torch.bfloat16 or data.shape[3] != KV_HEAD_DIM:
             raise ContractError(format_problem(op, "k_cache", describe(data), "bf16 [..., 1, 576] or the FP8 cache",

@@ -131,3 +131,39 @@ def test_public_decode_runs_native_and_refuses_bad_references_first():
     with pytest.raises(ContractError, match="block_table"):
         pk.flash_mla_with_kvcache(q, paged.k_cache, bad, paged.cache_seqlens, HEAD_DIM_V, meta, splits,
                                   is_fp8_kvcache=True)
+
+
+# -- FlashMLA's MODEL1 pages (d = 512, 584 bytes per token, laid out per page) ----------------------------
+
+@pytest.mark.parametrize("block_size", [64, 2, 69])
+def test_model1_sparse_results_do_not_depend_on_the_split(block_size):
+    paged = _paged([700, 5, 129], True, seed=21, d=512) if block_size == 64 else \
+        build_paged_cache(random_kv([700, 5, 129], 1, 512, seed=21), block_size, seed=21, fp8=True)
+    assert paged.k_cache.shape[-1] == 584
+    indices, _ = random_indices(paged, 2, 600, seed=22)
+    q = randn(3, 2, 16, 512, seed=23, dtype=torch.bfloat16)
+    ref_out, ref_lse = mla_decode_reference(q, paged.k_cache, None, None, HEAD_DIM_V, 512 ** -0.5, False, True,
+                                            indices, dtype=torch.float64)
+    one = nm.mla_split_plan([600] * 6, 2, threads=1)[0]
+    many = nm.mla_split_plan([600] * 6, 2, threads=8)[0]
+    assert many.shape[0] > one.shape[0]
+    for plan in (one, many):
+        out, lse = _call(paged, q, plan, indices=indices, engine="fma")
+        check_decode(out, lse, ref_out, ref_lse)
+
+
+def test_model1_dense_decode_reads_pages_through_the_block_table():
+    paged = build_paged_cache(random_kv([300, 0, 65], 1, 512, seed=24), 16, seed=24, fp8=True)
+    q = randn(3, 2, 16, 512, seed=25, dtype=torch.bfloat16)
+    ref = mla_decode_reference(q, paged.k_cache, paged.block_table, paged.cache_seqlens, HEAD_DIM_V, 512 ** -0.5,
+                               True, True, None, dtype=torch.float64)
+    out, lse = _call(paged, q, nm.mla_split_plan([300, 0, 65], 1, threads=4)[0], causal=True)
+    check_decode(out, lse, *ref)
+
+
+def test_model1_pages_are_refused_on_the_amx_engine():
+    paged = build_paged_cache(random_kv([40], 1, 512, seed=26), 16, seed=26, fp8=True)
+    indices, _ = random_indices(paged, 1, 8, seed=27)
+    q = randn(1, 1, 16, 512, seed=28, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="engine='fma'"):
+        _call(paged, q, nm.mla_split_plan([8], 1, threads=1)[0], indices=indices, engine="amx")
