@@ -30,11 +30,21 @@ def online_softmax_step(scores, m_i, l_i, acc):
 
 
 @triton.jit
-def accumulate_pv(p, values, acc, SPLIT_P: tl.constexpr, FP16: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + P @ values with P rounded to the half dtype (plus its rounding error with SPLIT_P)."""
+def half_terms(p, SPLIT_P: tl.constexpr, FP16: tl.constexpr, INTERPRET: tl.constexpr):
+    """(p_hi, p_lo): P rounded to the half dtype and, with SPLIT_P, its rounding error as a second
+    half term (p_lo is p_hi, unused, without). Taken before the value tile is loaded: in that order
+    the MLA decode kernel does not spill on sm_100a (docs/nvidia.md)."""
     p_hi = to_half(p, FP16, INTERPRET)
-    acc = dot(p_hi, values, acc, INTERPRET)
+    p_lo = p_hi
     if SPLIT_P:
         p_lo = to_half(p - p_hi.to(tl.float32), FP16, INTERPRET)
+    return p_hi, p_lo
+
+
+@triton.jit
+def accumulate_pv(p_hi, p_lo, values, acc, SPLIT_P: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + (p_hi [+ p_lo with SPLIT_P]) @ values, fp32 accumulation."""
+    acc = dot(p_hi, values, acc, INTERPRET)
+    if SPLIT_P:
         acc = dot(p_lo, values, acc, INTERPRET)
     return acc

@@ -33,6 +33,7 @@ from portable_kernels.layouts.constants import KV_LATENT_DIM, KV_ROPE_DIM, KV_RO
 
 from . import _checks
 from ._common import INTERPRET, dot, serialized, to_half
+from ._softmax import accumulate_pv, half_terms, online_softmax_step
 from .mla_combine import mla_combine
 from .mla_metadata import BLOCK_H, BLOCK_N, META_FIELDS, V_SPLITS
 
@@ -175,24 +176,14 @@ def mla_decode_kernel(q_ptr, kv_ptr, table_ptr, seqlens_ptr, idx_ptr, meta_ptr, 
                     k_rope = _load_rope(kv_ptr, base, ok, FP8, LATENT, ROPE, ROPE_OFFSET)
                     scores = dot(q_rope, tl.trans(k_rope), scores, INTERPRET)
                 scores = tl.where(ok[None, :], scores * scale_log2, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp2(m_i - m_use)
-                p = tl.exp2(scores - m_use[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                p_hi = to_half(p, FP16, INTERPRET)  # P in V's dtype (bf16 for the FP8 cache)
-                acc = acc * alpha[:, None]
-                p_lo = p_hi
-                if SPLIT_P:  # the rounding error of P as a second term: ~16-bit P overall with bf16
-                    p_lo = to_half(p - p_hi.to(tl.float32), FP16, INTERPRET)
+                p, m_i, l_i, acc = online_softmax_step(scores, m_i, l_i, acc)
+                # P in V's dtype (bf16 for the FP8 cache), with SPLIT_P its rounding error as a second term
+                p_hi, p_lo = half_terms(p, SPLIT_P, FP16, INTERPRET)
                 k_own = ks[0]
                 if V_SPLITS > 1:
                     k_own = _load_latent(kv_ptr, base, ok, v * BLOCK_V, BLOCK_V, FP8, LATENT, SCALE_TILE, BLOCK_N,
                                          INTERPRET)
-                acc = dot(p_hi, k_own, acc, INTERPRET)
-                if SPLIT_P:
-                    acc = dot(p_lo, k_own, acc, INTERPRET)
-                m_i = m_new
+                acc = accumulate_pv(p_hi, p_lo, k_own, acc, SPLIT_P, INTERPRET)
             has_keys = l_i > 0.0
             o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
             lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) / 1.4426950408889634,

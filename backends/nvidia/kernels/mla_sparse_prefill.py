@@ -27,6 +27,7 @@ from portable_kernels.layouts.constants import KV_LATENT_DIM, KV_ROPE_DIM
 
 from . import _checks
 from ._common import INTERPRET, dot, serialized, to_half
+from ._softmax import accumulate_pv, half_terms, online_softmax_step
 
 OP = "flash_mla_sparse_fwd"
 #: dtypes of q, kv and out (one of them per call)
@@ -112,23 +113,12 @@ def mla_sparse_prefill_kernel(q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr
             k_rope = _load_rows(kv_ptr, base, ok, LATENT, ROPE)
             scores = dot(q_rope, tl.trans(k_rope), scores, INTERPRET)
         scores = tl.where(ok[None, :], scores * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(scores - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        p_hi = to_half(p, FP16, INTERPRET)
-        p_lo = p_hi
-        if SPLIT_P:  # the rounding error of P as a second term: ~16-bit P overall with bf16
-            p_lo = to_half(p - p_hi.to(tl.float32), FP16, INTERPRET)
+        p, m_i, l_i, acc = online_softmax_step(scores, m_i, l_i, acc)
+        p_hi, p_lo = half_terms(p, SPLIT_P, FP16, INTERPRET)  # split-P: ~16-bit P with bf16
         k_own = ks[0]
         if V_SPLITS > 1:
             k_own = _load_rows(kv_ptr, base, ok, v * BLOCK_V, BLOCK_V)
-        acc = dot(p_hi, k_own, acc, INTERPRET)
-        if SPLIT_P:
-            acc = dot(p_lo, k_own, acc, INTERPRET)
-        m_i = m_new
+        acc = accumulate_pv(p_hi, p_lo, k_own, acc, SPLIT_P, INTERPRET)
     has_keys = l_i > 0.0
     lse2 = m_i + tl.log2(tl.where(has_keys, l_i, 1.0))  # base 2, of the scaled logits
     norm = tl.where(has_keys, l_i, 1.0)

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from . import _checks
 from ._common import INTERPRET, dot, serialized, to_half
-from ._softmax import accumulate_pv, online_softmax_step
+from ._softmax import accumulate_pv, half_terms, online_softmax_step
 from ._varlen_limits import head_dim_split, padded_dv, tile, unsupported_reasons
 
 OP = "flash_attn_varlen_func"
@@ -96,8 +96,9 @@ def varlen_attention_kernel(q_ptr, k_ptr, v_ptr, cu_q_ptr, cu_k_ptr, out_ptr, ls
             visible = visible & (keys[None, :] <= rows[:, None] + (s_k - s_q))
         scores = tl.where(visible, scores * scale_log2, float("-inf"))
         p, m_i, l_i, acc = online_softmax_step(scores, m_i, l_i, acc)
+        p_hi, p_lo = half_terms(p, SPLIT_P, FP16, INTERPRET)
         values = _load_tile(v_base + keys.to(tl.int64)[:, None] * stride_vt, keys_ok, 0, DV, BLOCK_DV)
-        acc = accumulate_pv(p, values, acc, SPLIT_P, FP16, INTERPRET)
+        acc = accumulate_pv(p_hi, p_lo, values, acc, SPLIT_P, INTERPRET)
     has_keys = l_i > 0.0
     norm = tl.where(has_keys, l_i, 1.0)
     o = acc / norm[:, None]
