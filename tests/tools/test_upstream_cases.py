@@ -147,3 +147,33 @@ def test_flashmla_rules_map_the_main_blocks(tmp_path):
     assert "import portable_kernels.flash_mla as flash_mla" in text
     assert "def _pk_main():" in text and 'torch.device("cpu")' in text
     assert set(flashmla.DRIVERS) == {Path(f).name for f in flashmla.SUITE.files}
+
+
+FAKE_PROGRAM = '''
+import os
+import sys
+from portable_kernels.core.registry import forced_backend
+
+backend = forced_backend()
+assert backend == ("nvidia", {"arch": "sm90"}), backend
+assert os.environ["WORLD_SIZE"] == "2" and os.environ["RANK"] in ("0", "1")
+if "--fail" in sys.argv:
+    raise ValueError("node %s refuses" % os.environ["RANK"])
+'''
+
+
+def test_a_program_runs_on_every_node_under_the_backend(tmp_path):
+    from portable_kernels.tools.upstream_suites.engine import Program
+
+    checkout = tmp_path / "up"
+    (checkout / "tests").mkdir(parents=True)
+    (checkout / "tests" / "test_prog.py").write_text(textwrap.dedent(FAKE_PROGRAM))
+    suite = Suite(name="FakeProgram", copy=(("tests", "tests"),), files=("tests/test_prog.py",), kind="program",
+                  rules=(), programs=(Program("tests/test_prog.py", (), "ok", nodes=2),
+                                      Program("tests/test_prog.py", ("--fail",), "bad", nodes=2)))
+    results, _ = run_suite(suite, checkout, [Backend.parse("nvidia:arch=sm90")], workdir=tmp_path / "work",
+                           test_timeout=120)
+    by_name = {r.name.split(" ")[0]: r for r in results}
+    assert by_name["ok"].outcome == "passed", by_name["ok"]
+    assert by_name["bad"].outcome == "failed"
+    assert by_name["bad"].first_line.startswith("ValueError: node ") and "refuses" in by_name["bad"].first_line

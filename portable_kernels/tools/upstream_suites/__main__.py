@@ -1,5 +1,5 @@
 """CLI: python -m portable_kernels.tools.upstream_suites [--deepgemm DIR] [--tilekernels DIR]
-[--flashmla DIR] [--backend SPEC ...] [--quick] [--json FILE]."""
+[--flashmla DIR] [--deepep DIR] [--backend SPEC ...] [--quick] [--json FILE]."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 
-from . import deepgemm, flashmla, tilekernels
+from . import deepep, deepgemm, flashmla, tilekernels
 from .engine import Backend, format_report, run_suite, to_json
 
 DEFAULT_BACKENDS = ("cpu", "nvidia:arch=sm90", "nvidia:arch=sm100", "ascend:soc=950")
@@ -24,6 +24,7 @@ SUITES = {
     "deepgemm": (deepgemm.SUITE, "a DeepGEMM checkout (its tests/ are run)"),
     "tilekernels": (tilekernels.SUITE, "a TileKernels checkout (tests/moe, quant, transpose)"),
     "flashmla": (flashmla.SUITE, "a FlashMLA checkout (its tests/: each file's case list, sampled)"),
+    "deepep": (deepep.SUITE, "a DeepEP checkout (tests/legacy, run as programs over Gloo ranks)"),
 }
 
 

@@ -65,27 +65,40 @@ class FileRule:
 
 
 @attrs.frozen
+class Program:
+    """One run of a program-style upstream file: `python FILE ARGS` on `nodes` simulated nodes (its
+    own `__main__` spawns its ranks; WORLD_SIZE / RANK / MASTER_* set as a multi-node launcher
+    would); passed when every process exits 0."""
+
+    file: str
+    args: tuple[str, ...]
+    name: str
+    nodes: int = 1
+
+
+@attrs.frozen
 class Suite:
     """One upstream library's suite: what to copy, how to rewrite it, how to run it.
 
     copy:     (source relative to the checkout, destination relative to the tree) pairs; a folder
               copies its *.py files
     files:    the test files run (relative to the tree)
-    kind:     "script" (call each top-level test_* function), "pytest", or "cases" (the file's
-              own driver lists its cases, a sample is run: cases.py)
+    kind:     "script" (call each top-level test_* function), "pytest", "cases" (the file's
+              own driver lists its cases, a sample is run: cases.py), or "program" (`programs`)
     drivers:  kind "cases": the module whose DRIVERS maps each file's name to its CaseDriver
     """
 
     name: str
     copy: tuple[tuple[str, str], ...]
     files: tuple[str, ...]
-    kind: Literal["script", "pytest", "cases"]
+    kind: Literal["script", "pytest", "cases", "program"]
     rules: tuple[Rule, ...]
     quick_rules: tuple[Rule, ...] = ()
     hardware: tuple[HardwareRule, ...] = ()
     skipped_files: tuple[FileRule, ...] = ()
     quick_env: tuple[tuple[str, str], ...] = ()
     drivers: str = ""
+    programs: tuple[Program, ...] = ()
 
 
 @attrs.frozen
@@ -227,6 +240,75 @@ def run_pytest_tree(tree: Path, paths: Sequence[str], backend: Backend, test_tim
     return [CaseResult(backend=backend.spec, **row) for row in rows]
 
 
+#: written at the root of a program suite's tree (on PYTHONPATH): every process the program spawns
+#: enters the backend named by PK_UPSTREAM_BACKEND before the test code runs
+SITECUSTOMIZE = """import os
+_spec = os.environ.get("PK_UPSTREAM_BACKEND", "cpu")
+if _spec != "cpu":
+    from portable_kernels.tools.upstream_suites.engine import Backend
+    _backend = Backend.parse(_spec).context()  # kept: a collected context manager would reset it
+    _backend.__enter__()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _error_line(log_text: str) -> str:
+    """The last `SomeError: message` line of a log (the failing rank's exception), else ''."""
+    found = re.findall(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception)(?:: .*)?)$", log_text, flags=re.MULTILINE)
+    return found[-1].strip() if found else ""
+
+
+def run_program(tree: Path, prog: Program, backend: Backend, test_timeout: int, log_dir: Path) -> CaseResult:
+    """Run one Program under `backend`: its node processes at once, killed (whole process groups)
+    past `test_timeout`."""
+    import signal as _signal
+    import time as _time
+
+    tag = backend.spec.replace(":", "_").replace("=", "-")
+    env = _child_env(tree) | {"PK_UPSTREAM_BACKEND": backend.spec, "MASTER_ADDR": "127.0.0.1",
+                              "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(prog.nodes)}
+    logs, procs = [], []
+    start = _time.monotonic()
+    for node in range(prog.nodes):
+        path = log_dir / f"{Path(prog.file).stem}.{prog.name}.{tag}.node{node}.log"
+        logs.append(path)
+        with open(path, "w") as logf:
+            procs.append(subprocess.Popen([sys.executable, str(tree / prog.file), *prog.args],
+                                          cwd=tree / Path(prog.file).parent, env=env | {"RANK": str(node)},
+                                          stdout=logf, stderr=subprocess.STDOUT, start_new_session=True))
+    timed_out = False
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(1.0, test_timeout - (_time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            break
+    if timed_out:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, _signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    seconds = round(_time.monotonic() - start, 1)
+    name = f"{prog.name} ({' '.join(prog.args)}{f'; {prog.nodes} nodes' if prog.nodes > 1 else ''})"
+    if timed_out:
+        return CaseResult(prog.file, name, backend.spec, "failed",
+                          f"TimeoutError: over the per-test limit of {test_timeout} s on this machine", seconds=seconds)
+    codes = [p.returncode for p in procs]
+    if all(c == 0 for c in codes):
+        return CaseResult(prog.file, name, backend.spec, "passed", seconds=seconds)
+    line = next(filter(None, (_error_line(p.read_text(errors="replace")) for p in logs)), "")
+    return CaseResult(prog.file, name, backend.spec, "failed", line or f"exit codes {codes}", seconds=seconds)
+
+
 def classify(result: CaseResult, rules: Sequence[HardwareRule]) -> CaseResult:
     """A failure matching a hardware rule becomes `hardware` with the rule's reason."""
     if result.outcome != "failed":
@@ -247,6 +329,8 @@ def run_suite(suite: Suite, checkout: Path, backends: Sequence[Backend], quick: 
         shutil.rmtree(tree)
     log_dir.mkdir(parents=True, exist_ok=True)
     notes = prepare_tree(suite, checkout, tree, quick=quick)
+    if suite.kind == "program":
+        (tree / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env_extra = dict(suite.quick_env) if quick else {}
     results: list[CaseResult] = []
     for rule in suite.skipped_files:
@@ -259,6 +343,9 @@ def run_suite(suite: Suite, checkout: Path, backends: Sequence[Backend], quick: 
             drivers = suite.drivers if suite.kind == "cases" else ""
             for rel in suite.files:
                 results += run_script_file(tree, rel, backend, test_timeout, log_dir, env_extra, drivers, sample)
+        elif suite.kind == "program":
+            results += [run_program(tree, prog, backend, test_timeout, log_dir)
+                        for prog in suite.programs if prog.file in suite.files]
         else:
             results += run_pytest_tree(tree, suite.files, backend, test_timeout, log_dir, sample, env_extra)
     results = [classify(r, suite.hardware) for r in results]
