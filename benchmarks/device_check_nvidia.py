@@ -17,7 +17,7 @@ Sections (each prints its wall time; timings are skipped, with a note, once the 
    rounds (min-max spread), against the peer a user would otherwise run, in this process:
    fp8_gemm_nt vs torch._scaled_mm blockwise and DeepGEMM's published H800 TFLOPS; bf16 vs
    torch.matmul; grouped vs torch._grouped_mm; MLA decode, casts, routing as % of measured copy
-   bandwidth; topk vs torch.topk; CUDA encoders vs torch layouts;
+   bandwidth; topk vs torch.topk; varlen attention vs torch SDPA; CUDA encoders vs torch layouts;
 5. summary against the issue's targets (PASS/MISS per target, with the measured figure).
 Exit status 1 if a check failed, 0 otherwise (a missed speed target is reported, not an error).
 """
@@ -472,6 +472,53 @@ def time_mla(device: torch.device, timer: Timer, copy_gbs: float, cases: list) -
     say(f"(FlashMLA reports ~{FLASHMLA_H800_GBS} GB/s on H800)")
 
 
+def time_varlen(device: torch.device, timer: Timer, cases: list) -> None:
+    """flash_attn_varlen_func (DeepSeek's dense prefill: d 192, d_v 128, causal): the Triton kernel
+    (split-P, its default; and bf16 P, flash-attention's numerics) vs torch SDPA on the same rows
+    (equal lengths, so a [b, h, s, d] view; causal from the top-left equals bottom-right here)."""
+    from portable_kernels.ops.attention.prefill import VarlenInputs
+    say("\nvarlen attention (d 192, d_v 128, causal): TFLOPS (causal half counted), Triton vs torch SDPA")
+    ratios = []
+    for b, s, h in cases:
+        if over_budget():
+            say("  (budget reached)")
+            break
+        gen = torch.Generator().manual_seed(6)
+        q, k = (torch.randn(b * s, h, 192, generator=gen).to(device=device, dtype=torch.bfloat16) for _ in range(2))
+        v = torch.randn(b * s, h, 128, generator=gen).to(device=device, dtype=torch.bfloat16)
+        cu = torch.arange(0, b * s + 1, s, dtype=torch.int32, device=device)
+        out = torch.empty(b * s, h, 128, device=device, dtype=torch.bfloat16)
+        lse = torch.empty(b * s, h, device=device)
+        call = VarlenInputs(q, k, v, cu, cu, s, s, 192 ** -0.5, True, out, lse)
+        flops = 2 * b * h * s * s * (192 + 128) / 2
+        row = f"b={b} s={s:5d} h={h:3d} |"
+        fn, why = run_provider("flash_attn_varlen_func", "triton", call)
+        t = None
+        if fn is None:
+            row += f" triton: declined ({why[:40]}) |"
+        else:
+            t = timer(fn)
+            row += f" triton {fmt_time(t)} {flops / t[0] / 1e12:6.1f} TFLOPS |"
+            kernels = importlib.import_module("portable_kernels.backends.nvidia.kernels.varlen_attention")
+            t_half = timer(lambda: kernels.flash_attn_varlen_func(q, k, v, cu, cu, s, 192 ** -0.5, True, out, lse,
+                                                                  split_p=False))
+            row += f" bf16-P {fmt_time(t_half)} {flops / t_half[0] / 1e12:6.1f} |"
+        qs, ks, vs = (x.view(b, s, h, -1).transpose(1, 2) for x in (q, k, v))
+        try:
+            t_ref = timer(lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True,
+                                                                                  scale=192 ** -0.5))
+            row += f" sdpa {fmt_time(t_ref)} {flops / t_ref[0] / 1e12:6.1f}"
+            if t is not None:
+                ratios.append(t_ref[0] / t[0])
+                row += f" | {ratios[-1]:5.2f}x"
+        except RuntimeError as exc:
+            row += f" sdpa: {str(exc)[:60]}"
+        say(row)
+        q = k = v = out = None
+    if ratios:
+        target("varlen attention vs torch SDPA (no target set)", f"worst {min(ratios):.2f}x", min(ratios), None)
+
+
 def time_topk(device: torch.device, timer: Timer, cases: list) -> None:
     from portable_kernels.ops.topk import TopkInputs
     say("\ntopk (fp32, unsorted): Triton vs torch.topk")
@@ -631,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
         time_grouped(device, timer, [(2, 40, 64, 128)], [(2, 16, 64, 128)])
         time_mla(device, timer, copy_gbs, [(2, 100, False, None), (2, 100, True, 64)])
         time_topk(device, timer, [(2, 1000, 8)])
+        time_varlen(device, timer, [(2, 80, 2)])
         time_casts(device, timer, copy_gbs, 8, 256)
         time_routing(device, timer, copy_gbs, 16, 256, experts=16, groups=4)
     else:
@@ -643,6 +691,7 @@ def main(argv: list[str] | None = None) -> int:
         time_mla(device, timer, copy_gbs, [(64, 4096, False, None), (64, 8192, False, None), (64, 8192, True, None),
                                            (132, 4096, True, None), (64, 8192, True, 2048)])
         time_topk(device, timer, [(1, 1024, 8), (64, 32768, 2048), (1, 131072, 2048), (128, 131072, 2048)])
+        time_varlen(device, timer, [(1, 4096, 128), (4, 2048, 128), (16, 1024, 16)])
         time_casts(device, timer, copy_gbs, 4096, 7168)
         time_routing(device, timer, copy_gbs, 4096, 7168)
         time_encoders(device, timer)
