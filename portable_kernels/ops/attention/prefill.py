@@ -6,7 +6,8 @@
 `flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv,
 dropout_p=0.0, softmax_scale=None, causal=False, deterministic=False, is_varlen=True) -> (out, lse)`:
 packed variable-length sequences, grouped-query heads (h_q a multiple of h_kv), causal masks
-bottom-right aligned (query i of a sequence sees keys <= s_k - s_q + i), forward only.
+bottom-right aligned (query i of a sequence sees keys <= s_k - s_q + i); differentiable in q, k, v
+through the reference's backward (varlen_grad.py), lse not.
 Both follow the decode's conventions: a query with no key gives out 0 and lse +inf (max_logits
 -inf); attn_sink scales out by exp(lse) / (exp(lse) + exp(sink)) and leaves lse alone.
 """
@@ -24,6 +25,7 @@ from ...core.compiled import compiled_call, is_compiling
 from ...core.contract import OpContract, Tolerance, checks_values, public_op, register_contract
 from ...core.dispatch import run
 from ...core.errors import ContractError, format_problem
+from .varlen_grad import needs_backward, with_reference_backward
 from .decode import HEAD_DIM_V, QK_HEAD_DIMS, REFERENCE_CHUNK_ELEMENTS, SINK_DTYPE
 from ...core.providers import Inputs
 from ...core.tensors import describe
@@ -236,7 +238,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            cu_seqlens_kv: torch.Tensor, max_seqlen_qo: int, max_seqlen_kv: int, dropout_p: float = 0.0,
                            softmax_scale: float | None = None, causal: bool = False, deterministic: bool = False,
                            is_varlen: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense attention over packed variable-length sequences (forward only).
+    """Dense attention over packed variable-length sequences (differentiable in q, k and v: the
+    provider runs the forward, the reference math differentiated by autograd the backward).
 
     q: bf16/fp16 [total_q, h_q, d]; k: [total_kv, h_kv, d], v: [total_kv, h_kv, d_v] of q's dtype,
     h_q a multiple of h_kv; cu_seqlens_qo / cu_seqlens_kv: int32 [b + 1]; max_seqlen_*: host ints
@@ -268,8 +271,14 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     _check_cu_seqlens(op, "cu_seqlens_kv", cu_seqlens_kv, cu_seqlens_qo.shape[0] - 1, total_kv, max_seqlen_kv,
                       q.device)
     scale = d ** -0.5 if softmax_scale is None else _check_scale(op, "softmax_scale", softmax_scale)
-    out = torch.zeros(total_q, h_q, v.shape[-1], dtype=q.dtype, device=q.device)
-    lse = torch.full((total_q, h_q), math.inf, dtype=torch.float32, device=q.device)
-    run(FLASH_ATTN_VARLEN, VarlenInputs(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, scale,
-                                        causal, out, lse))
-    return out, lse
+
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = torch.zeros(total_q, h_q, v.shape[-1], dtype=q.dtype, device=q.device)
+        lse = torch.full((total_q, h_q), math.inf, dtype=torch.float32, device=q.device)
+        run(FLASH_ATTN_VARLEN, VarlenInputs(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv,
+                                            scale, causal, out, lse))
+        return out, lse
+
+    if needs_backward(q, k, v):  # the provider's forward, the reference's backward (varlen_grad.py)
+        return with_reference_backward(forward, q, k, v, cu_seqlens_qo, cu_seqlens_kv, scale, causal)
+    return forward(q, k, v)
