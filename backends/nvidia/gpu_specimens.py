@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .kernels import (bf16_gemm, cast_fp4, cast_fp8, cast_fp8_channel, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm, k_grouped,
+from .kernels import (bf16_gemm, block_cast, cast_fp4, cast_fp8, cast_fp8_channel, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm, k_grouped,
                                         grouped_masked, mla_decode, mla_metadata, mla_sparse_prefill, moe_expand, moe_gate, moe_reduce,
                                         ep_layout, moe_mapping, moe_normalize,
                                         mqa_logits, paged_mqa_logits, swiglu_cast, topk, varlen_attention)
@@ -111,6 +111,17 @@ def cast_specimens(all_configs: bool):
         x, 128, True, torch.zeros(64, dtype=torch.int32), torch.zeros(8, 8), torch.zeros(64, dtype=torch.int32),
         10.0, torch.zeros(3, dtype=torch.int64), "sm100"))
     yield (None, "swiglu_cast plain", lambda: swiglu_cast.swiglu_cast(x, 256, False))
+
+
+def block_cast_specimens(all_configs: bool):
+    x = torch.zeros(256, 7168, dtype=torch.bfloat16)
+    for element, block, round_sf in (("e4m3", (1, 128), True), ("e4m3", (1, 128), False), ("e4m3", (128, 128), True),
+                                     ("e4m3", (128, 1), False), ("e2m1", (1, 32), True), ("e2m1", (1, 128), False),
+                                     ("e2m1", (128, 1), False), ("e2m1", (128, 128), True)):
+        yield (None, f"block_cast {element} {block[0]}x{block[1]}{' round_sf' if round_sf else ''}",
+               lambda: block_cast.block_cast(x, block, element, round_sf, 1e-4))
+    yield (None, "block_cast e4m3 1x128 given sf", lambda: block_cast.block_cast(
+        x, (1, 128), "e4m3", False, 1e-4, torch.ones(256, 56)))
 
 
 def topk_specimens(all_configs: bool):
@@ -223,7 +234,7 @@ def indexer_specimens(all_configs: bool):
                        table, torch.empty(8 * next_n, 4096, dtype=dtype)))
 
 
-SPECIMENS = (gemm_specimens, cast_specimens, topk_specimens, mla_specimens, mla_prefill_specimens, varlen_specimens,
+SPECIMENS = (gemm_specimens, cast_specimens, block_cast_specimens, topk_specimens, mla_specimens, mla_prefill_specimens, varlen_specimens,
              routing_specimens, indexer_specimens)
 
 
