@@ -13,6 +13,8 @@ power-of-two main part and a tail (192 = 128 + 64 with no padding; other sizes p
 masked zero channels); d_v pads to a power of two. Causal masks are bottom-right aligned: query i
 of a sequence sees keys j <= s_k - s_q + i, so a block stops at its last visible key and rows
 with no visible key (s_q > s_k) get out 0 and lse +inf, as do rows of an empty key sequence.
+The key tiles every row of the block sees whole run in a first loop without masks (loads nor
+scores); the diagonal and the last partial tile in a second, masked one.
 Results: out in q's dtype, lse fp32 (natural log of the scaled logits' sum of exponentials).
 Rows of out / lse past cu_seqlens_qo[-1] are not written (the public op fills them: 0 and +inf).
 """
@@ -35,14 +37,48 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_tile(ptrs, rows_ok, COL0: tl.constexpr, D: tl.constexpr, WIDTH: tl.constexpr):
-    """Channels [COL0, COL0 + WIDTH) of the rows at pointers `ptrs` [R, 1]; channels >= D and rows
-    not `rows_ok` read as 0 (the channel mask only where the tile passes D)."""
+def _load_tile(ptrs, rows_ok, COL0: tl.constexpr, D: tl.constexpr, WIDTH: tl.constexpr, MASK_ROWS: tl.constexpr):
+    """Channels [COL0, COL0 + WIDTH) of the rows at pointers `ptrs` [R, 1]; channels >= D read as 0,
+    and with MASK_ROWS rows not `rows_ok` too (each mask only where it can be false)."""
     cols = COL0 + tl.arange(0, WIDTH)
     if COL0 + WIDTH > D:
-        return tl.load(ptrs + cols[None, :], mask=rows_ok[:, None] & (cols[None, :] < D), other=0.0)
+        if MASK_ROWS:
+            return tl.load(ptrs + cols[None, :], mask=rows_ok[:, None] & (cols[None, :] < D), other=0.0)
+        else:
+            return tl.load(ptrs + cols[None, :], mask=cols[None, :] < D, other=0.0)
     else:
-        return tl.load(ptrs + cols[None, :], mask=rows_ok[:, None], other=0.0)
+        if MASK_ROWS:
+            return tl.load(ptrs + cols[None, :], mask=rows_ok[:, None], other=0.0)
+        else:
+            return tl.load(ptrs + cols[None, :])
+
+
+@triton.jit
+def _key_tile(n0, q_main, q_tail, rows, m_i, l_i, acc, k_base, v_base, stride_kt, stride_vt, s_k, diagonal,
+              scale_log2, D: tl.constexpr, DV: tl.constexpr, D_MAIN: tl.constexpr, D_TAIL: tl.constexpr,
+              BLOCK_DV: tl.constexpr, MASKED: tl.constexpr, SPLIT_P: tl.constexpr, FP16: tl.constexpr,
+              BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+    """Keys [n0, n0 + BLOCK_N) folded into (m_i, l_i, acc). MASKED: the tile may hold keys past s_k
+    or (diagonal = s_k - s_q, or None without causal) keys j > i + diagonal for some row i; without,
+    every key is visible to every row and nothing is masked."""
+    keys = n0 + tl.arange(0, BLOCK_N)
+    keys_ok = keys < s_k
+    k_rows = k_base + keys.to(tl.int64)[:, None] * stride_kt
+    scores = dot(q_main, tl.trans(_load_tile(k_rows, keys_ok, 0, D, D_MAIN, MASKED)),
+                 tl.zeros((q_main.shape[0], BLOCK_N), tl.float32), INTERPRET)
+    if D_TAIL > 0:
+        scores = dot(q_tail, tl.trans(_load_tile(k_rows, keys_ok, D_MAIN, D, D_TAIL, MASKED)), scores, INTERPRET)
+    scores = scores * scale_log2
+    if MASKED:
+        visible = keys_ok[None, :]
+        if diagonal is not None:
+            visible = visible & (keys[None, :] <= rows[:, None] + diagonal)
+        scores = tl.where(visible, scores, float("-inf"))
+    p, m_i, l_i, acc = online_softmax_step(scores, m_i, l_i, acc)
+    p_hi, p_lo = half_terms(p, SPLIT_P, FP16, INTERPRET)
+    values = _load_tile(v_base + keys.to(tl.int64)[:, None] * stride_vt, keys_ok, 0, DV, BLOCK_DV, MASKED)
+    acc = accumulate_pv(p_hi, p_lo, values, acc, SPLIT_P, INTERPRET)
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -70,35 +106,33 @@ def varlen_attention_kernel(q_ptr, k_ptr, v_ptr, cu_q_ptr, cu_k_ptr, out_ptr, ls
     rows = m0 + tl.arange(0, BLOCK_M)
     rows_ok = rows < s_q
     q_rows = q_ptr + (q0 + rows).to(tl.int64)[:, None] * stride_qt + head * stride_qh
-    q_main = _load_tile(q_rows, rows_ok, 0, D, D_MAIN)
+    q_main = _load_tile(q_rows, rows_ok, 0, D, D_MAIN, True)
     q_tail = q_main
     if D_TAIL > 0:
-        q_tail = _load_tile(q_rows, rows_ok, D_MAIN, D, D_TAIL)
-    # the keys this block can see: all of them, or (causal) up to the last row's bottom-right limit
+        q_tail = _load_tile(q_rows, rows_ok, D_MAIN, D, D_TAIL, True)
+    # the keys this block can see: all of them, or (causal) up to its last row's bottom-right limit;
+    # the first `full` of them (whole tiles) every row sees, so their tiles run without masks
     end = s_k
+    full = s_k
+    diagonal = None
     if CAUSAL:
-        end = tl.minimum(s_k, tl.maximum(s_k - s_q + m0 + BLOCK_M, 0))
+        diagonal = s_k - s_q
+        end = tl.minimum(s_k, tl.maximum(diagonal + m0 + BLOCK_M, 0))
+        full = tl.minimum(s_k, tl.maximum(diagonal + m0 + 1, 0))
+    full = (full // BLOCK_N) * BLOCK_N
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
     k_base = k_ptr + k0.to(tl.int64) * stride_kt + kvh * stride_kh
     v_base = v_ptr + k0.to(tl.int64) * stride_vt + kvh * stride_vh
-    for n0 in range(0, end, BLOCK_N):
-        keys = n0 + tl.arange(0, BLOCK_N)
-        keys_ok = keys < s_k
-        k_rows = k_base + keys.to(tl.int64)[:, None] * stride_kt
-        scores = dot(q_main, tl.trans(_load_tile(k_rows, keys_ok, 0, D, D_MAIN)),
-                     tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERPRET)
-        if D_TAIL > 0:
-            scores = dot(q_tail, tl.trans(_load_tile(k_rows, keys_ok, D_MAIN, D, D_TAIL)), scores, INTERPRET)
-        visible = keys_ok[None, :]
-        if CAUSAL:
-            visible = visible & (keys[None, :] <= rows[:, None] + (s_k - s_q))
-        scores = tl.where(visible, scores * scale_log2, float("-inf"))
-        p, m_i, l_i, acc = online_softmax_step(scores, m_i, l_i, acc)
-        p_hi, p_lo = half_terms(p, SPLIT_P, FP16, INTERPRET)
-        values = _load_tile(v_base + keys.to(tl.int64)[:, None] * stride_vt, keys_ok, 0, DV, BLOCK_DV)
-        acc = accumulate_pv(p_hi, p_lo, values, acc, SPLIT_P, INTERPRET)
+    for n0 in range(0, full, BLOCK_N):
+        m_i, l_i, acc = _key_tile(n0, q_main, q_tail, rows, m_i, l_i, acc, k_base, v_base, stride_kt, stride_vt,
+                                  s_k, diagonal, scale_log2, D, DV, D_MAIN, D_TAIL, BLOCK_DV, False, SPLIT_P, FP16,
+                                  BLOCK_N, INTERPRET)
+    for n0 in range(full, end, BLOCK_N):
+        m_i, l_i, acc = _key_tile(n0, q_main, q_tail, rows, m_i, l_i, acc, k_base, v_base, stride_kt, stride_vt,
+                                  s_k, diagonal, scale_log2, D, DV, D_MAIN, D_TAIL, BLOCK_DV, True, SPLIT_P, FP16,
+                                  BLOCK_N, INTERPRET)
     has_keys = l_i > 0.0
     norm = tl.where(has_keys, l_i, 1.0)
     o = acc / norm[:, None]
