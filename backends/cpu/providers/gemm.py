@@ -69,6 +69,7 @@ def dense_segments(m: int) -> torch.Tensor:
 
 _KINDS = {FP8: KIND_FP8, torch.bfloat16: KIND_BF16, torch.uint8: KIND_FP4}
 _FP32 = (torch.float32,)
+_F32 = torch.float32
 
 
 def _kind(op: str, arg: str, data: torch.Tensor) -> int:
@@ -277,8 +278,58 @@ def fp8_gemm_nt_native(call) -> None:
     """GemmInputs with PLAIN e4m3 a, e4m3 (or e2m1) b: D = C + A·Bᵀ, exact per-block scaling."""
     a, b = call.a, call.b
     data = a.data
-    gemm_dense(FP8_OP, data, a.scale, a.storage_granularity[1], b.data, b.scale, tuple(b.storage_granularity),
+    b_gran = b.storage_granularity
+    if _small_fp8_dense(data, a.scale, a.storage_granularity[1], b.data, b.scale, b_gran, call.d, call.c,
+                        a.shape[-1]):
+        return
+    gemm_dense(FP8_OP, data, a.scale, a.storage_granularity[1], b.data, b.scale, tuple(b_gran),
                call.d, call.c, a.shape[-1], engine=_engine_for(data.shape[0]), b_pow2=b.ue8m0)
+
+
+_TENSOR = torch.Tensor
+_BF16 = torch.bfloat16
+
+
+def _small_fp8_dense(a: torch.Tensor, sfa: torch.Tensor, a_gran_k: int, b: torch.Tensor, sfb: torch.Tensor,
+                     b_gran: tuple[int, int], d: torch.Tensor, c: torch.Tensor | None, k: int) -> bool:
+    """The decode-sized dense fp8 GEMM (M <= FMA_MAX_ROWS, both operands e4m3, contiguous, fp32 scales):
+    every check `gemm_dense` makes for this case, each tensor attribute read once, then the same
+    GemmCall it packs (the fma engine, register path). False, with nothing run, when any check
+    fails or the call is another case: the caller then runs gemm_dense, whose checks name the problem.
+    A 1x256x256 call takes a few µs in C++; the general path's checks cost about as much again."""
+    lib = LIB.get()
+    if lib is None or type(a) is not _TENSOR or type(b) is not _TENSOR or type(d) is not _TENSOR \
+            or type(sfa) is not _TENSOR or type(sfb) is not _TENSOR:
+        return False
+    a_shape, b_shape, d_shape = a.shape, b.shape, d.shape
+    if len(a_shape) != 2 or len(b_shape) != 2:
+        return False
+    (m, ka), (n, kb) = a_shape, b_shape
+    gn, gk = b_gran
+    if not (0 < m <= FMA_MAX_ROWS and n and ka == k and kb == k and a_gran_k >= 1 and gk >= 1 and gn >= 1):
+        return False
+    sfa_k, sfb_k = -(-k // a_gran_k), -(-k // gk)
+    sfb_n = -(-n // gn)
+    if not (a.dtype is FP8 and b.dtype is FP8 and a.is_cpu and b.is_cpu and a.is_contiguous() and b.is_contiguous()
+            and sfa.dtype is _F32 and sfb.dtype is _F32 and sfa.is_cpu and sfb.is_cpu
+            and sfa.shape == (m, sfa_k) and sfb.shape == (sfb_n, sfb_k)
+            and sfa.is_contiguous() and sfb.is_contiguous()):
+        return False
+    d_dtype = d.dtype
+    if not (d_dtype in OUT_DTYPES and d.is_cpu and d_shape == (m, n) and d.is_contiguous()):
+        return False
+    if c is not None and not chk.is_plain(c, OUT_DTYPES, (m, n)):
+        return False
+    buf = _buffer
+    _CALL.pack_into(buf.raw, 0,
+                    a.data_ptr(), KIND_FP8, sfa.data_ptr(), a_gran_k, k, sfa_k,
+                    b.data_ptr(), KIND_FP8, sfb.data_ptr(), gn, gk, k, sfb_k, n * k, sfb_k * sfb_n,
+                    d.data_ptr(), d_dtype is _BF16, 0 if c is None else c.data_ptr(),
+                    c is not None and c.dtype is _BF16,
+                    0, 1, m, n, k, ENGINE_CODES["fma"], 0, False, num_threads(), 0)
+    if lib.pk_gemm(buf.address):
+        raise RuntimeError(f"{FP8_OP}: the amx engine refused to run (no AMX tile permission)")
+    return True
 
 
 def bf16_gemm_nt_native(call) -> None:
