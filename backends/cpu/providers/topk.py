@@ -68,12 +68,12 @@ def _fill_bits(value: float, dtype: torch.dtype) -> int:
     return bits
 
 
-#: per (rows, cols, indices dtype, values dtype): one contiguous [rows, cols] tensor of each, whose
-#: empty_like is a new output (see _templates)
+#: per (rows, cols, indices dtype, values dtype): a [rows, cols] tensor of each, whose empty_like is
+#: a new output (see _templates)
 _TEMPLATES: dict[tuple[int, int, torch.dtype, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 _MAX_TEMPLATES = 256
-#: templates larger than this many elements are not kept (a big call does not notice torch.empty)
-_MAX_TEMPLATE_NUMEL = 1 << 16
+#: outputs of up to this many elements get templates that hold their own memory (12 KiB at most)
+_MAX_CONTIGUOUS_TEMPLATE = 1024
 _BF16 = torch.bfloat16
 _I64 = torch.int64
 _empty_like = torch.empty_like
@@ -81,15 +81,18 @@ _empty_like = torch.empty_like
 
 def _templates(rows: int, cols: int, indices_type: torch.dtype,
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Templates of the two outputs: torch.empty_like of a kept contiguous tensor is ~0.3 µs cheaper
-    than torch.empty (no size or dtype arguments to parse), a tenth of a small top-k call. Only
-    small templates are kept (they hold their own memory)."""
-    key = (rows, cols, indices_type, dtype)
-    pair = (torch.empty(rows, cols, dtype=indices_type), torch.empty(rows, cols, dtype=dtype))
-    if rows * cols <= _MAX_TEMPLATE_NUMEL:
-        if len(_TEMPLATES) >= _MAX_TEMPLATES:
-            _TEMPLATES.clear()
-        _TEMPLATES[key] = pair
+    """Templates of the two outputs (kept): torch.empty_like of a template is ~0.3 µs cheaper than
+    torch.empty (no size or dtype arguments to parse), a tenth of a small top-k call. A small one is
+    a contiguous tensor (~0.1 µs cheaper again); a larger one is one element expanded to the shape,
+    which holds no memory (empty_like of an overlapping tensor is contiguous: torch.preserve_format's
+    rule)."""
+    if rows * cols <= _MAX_CONTIGUOUS_TEMPLATE:
+        pair = (torch.empty(rows, cols, dtype=indices_type), torch.empty(rows, cols, dtype=dtype))
+    else:
+        pair = (torch.empty(1, dtype=indices_type).expand(rows, cols), torch.empty(1, dtype=dtype).expand(rows, cols))
+    if len(_TEMPLATES) >= _MAX_TEMPLATES:
+        _TEMPLATES.clear()
+    _TEMPLATES[(rows, cols, indices_type, dtype)] = pair
     return pair
 
 

@@ -103,13 +103,18 @@ def test_fp8_provider_runs_strided_rows_on_the_general_path():
 
 
 @needs_topk
-def test_topk_keeps_templates_only_for_small_outputs():
+def test_topk_templates_of_large_outputs_hold_no_memory_and_outputs_are_fresh():
     nt._TEMPLATES.clear()
-    nt.topk_native(randn(2, 100, seed=13), 8)
-    assert (2, 8, torch.int64, torch.float32) in nt._TEMPLATES
-    rows = nt._MAX_TEMPLATE_NUMEL // 64 + 1
-    nt.topk_native(randn(rows, 80, seed=14), 64)
-    assert (rows, 64, torch.int64, torch.float32) not in nt._TEMPLATES
+    small = nt.topk_native(randn(2, 100, seed=13), 8)
+    rows = nt._MAX_CONTIGUOUS_TEMPLATE // 64 + 1
+    large = nt.topk_native(randn(rows, 80, seed=14), 64)
+    for (b, k), (values, indices) in (((2, 8), small), ((rows, 64), large)):
+        templates = nt._TEMPLATES[(b, k, torch.int64, torch.float32)]
+        for template, out in zip(templates, (indices, values)):
+            assert out.is_contiguous() and out.shape == (b, k)
+            assert out.untyped_storage().data_ptr() != template.untyped_storage().data_ptr()
+    for template in nt._TEMPLATES[(rows, 64, torch.int64, torch.float32)]:
+        assert template.untyped_storage().nbytes() == template.element_size()
 
 
 @needs_topk
