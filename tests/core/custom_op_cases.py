@@ -413,7 +413,7 @@ def _decode(shape_index: int, with_out: bool) -> Callable[[int], Call]:
     return build
 
 
-for _i, _with_out in ((0, False), (1, True), (3, False), (4, True)):
+for _i, _with_out in ((0, False), (1, True), (3, False), (4, True), (6, False)):  # 6: MODEL1 pages
     case("flash_mla_with_kvcache", MLA_SHAPES[_i].label() + (" into out/lse" if _with_out else ""))(
         _decode(_i, _with_out))
 
@@ -583,3 +583,84 @@ def _lossless_cast(seed: int) -> Call:
 def _swiglu_backward(seed: int) -> Call:
     from portable_kernels.testing.lossless_cases import swiglu_backward_inputs
     return (*swiglu_backward_inputs(33, 128, 16, 3, 32, seed), 32, True, 0.5), {}
+
+
+# -- mHC (ops/mhc): M = 4 streams, small H; inputs fresh per seed --------------------------------------------
+
+def _mhc_residual(seed: int, tokens: int = 5, h: int = 24) -> torch.Tensor:
+    return randn(1, tokens, 4, h, seed=seed, dtype=torch.bfloat16)
+
+
+@case("mhc_expand", "2x5x24 -> 4 streams")
+def _mhc_expand(seed: int) -> Call:
+    return (randn(2, 5, 24, seed=seed, dtype=torch.bfloat16), 4), {}
+
+
+@case("mhc_expand_backward", "2x5x4x24")
+def _mhc_expand_backward(seed: int) -> Call:
+    return (randn(2, 5, 4, 24, seed=seed, dtype=torch.bfloat16),), {}
+
+
+@case("mhc_sinkhorn", "2x5x4x4, 10 iterations")
+def _mhc_sinkhorn(seed: int) -> Call:
+    return (randn(2, 5, 4, 4, seed=seed), 10, 1e-6), {}
+
+
+@case("mhc_sinkhorn_backward", "2x5x4x4, 10 iterations")
+def _mhc_sinkhorn_backward(seed: int) -> Call:
+    return (randn(2, 5, 4, 4, seed=seed), randn(2, 5, 4, 4, seed=seed + 1), 10, 1e-6), {}
+
+
+@case("mhc_pre_split_mixes", "1x5x24, post x2")
+def _mhc_pre_split_mixes(seed: int) -> Call:
+    return (randn(1, 5, 24, seed=seed), randn(3, seed=seed + 1), randn(24, seed=seed + 2), 4, 2.0, 1e-2), {}
+
+
+@case("mhc_pre_split_mixes_backward", "1x5x24, post x2")
+def _mhc_pre_split_mixes_backward(seed: int) -> Call:
+    return (randn(1, 5, 4, 1, seed=seed), randn(1, 5, 4, 1, seed=seed + 1), randn(1, 5, 4, 4, seed=seed + 2),
+            randn(1, 5, 24, seed=seed + 3), randn(3, seed=seed + 4), randn(24, seed=seed + 5), 4, 2.0), {}
+
+
+@case("mhc_head_compute_mix", "1x5x4")
+def _mhc_head_compute_mix(seed: int) -> Call:
+    return (randn(1, 5, 4, seed=seed), randn(1, seed=seed + 1), randn(4, seed=seed + 2), 1e-2), {}
+
+
+@case("mhc_head_compute_mix_backward", "1x5x4")
+def _mhc_head_compute_mix_backward(seed: int) -> Call:
+    return (randn(1, 5, 4, seed=seed), randn(1, 5, 4, seed=seed + 1), randn(1, seed=seed + 2),
+            randn(4, seed=seed + 3)), {}
+
+
+@case("mhc_pre_apply_mix", "1x5x4x24")
+def _mhc_pre_apply_mix(seed: int) -> Call:
+    return (_mhc_residual(seed), randn(1, 5, 4, 1, seed=seed + 1)), {}
+
+
+@case("mhc_pre_apply_mix_backward", "1x5x4x24")
+def _mhc_pre_apply_mix_backward(seed: int) -> Call:
+    return (randn(1, 5, 24, seed=seed, dtype=torch.bfloat16), _mhc_residual(seed + 1),
+            randn(1, 5, 4, 1, seed=seed + 2)), {}
+
+
+@case("mhc_post", "1x5x4x24")
+def _mhc_post(seed: int) -> Call:
+    return (randn(1, 5, 24, seed=seed, dtype=torch.bfloat16), _mhc_residual(seed + 1), randn(1, 5, 4, 1, seed=seed + 2),
+            randn(1, 5, 4, 4, seed=seed + 3)), {}
+
+
+@case("mhc_post_backward", "1x5x4x24")
+def _mhc_post_backward(seed: int) -> Call:
+    return (_mhc_residual(seed), randn(1, 5, 24, seed=seed + 1, dtype=torch.bfloat16), _mhc_residual(seed + 2),
+            randn(1, 5, 4, 1, seed=seed + 3), randn(1, 5, 4, 4, seed=seed + 4)), {}
+
+
+@case("mhc_pre_norm_fn", "1x5x4x24, 24 mixes")
+def _mhc_pre_norm_fn(seed: int) -> Call:
+    return (_mhc_residual(seed), randn(24, 96, seed=seed + 1) * 0.05, 1e-6), {}
+
+
+@case("mhc_pre_norm_fn_backward", "1x5x4x24, 24 mixes")
+def _mhc_pre_norm_fn_backward(seed: int) -> Call:
+    return (randn(1, 5, 24, seed=seed), _mhc_residual(seed + 1), randn(24, 96, seed=seed + 2) * 0.05, 1e-6), {}
