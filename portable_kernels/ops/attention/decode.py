@@ -176,7 +176,8 @@ class MlaMetadataInputs(Inputs):
 @attrs.frozen
 class MlaDecodeInputs(Inputs):
     """One flash_mla_with_kvcache call (validated, outputs allocated): q bf16 [b, s_q, h_q, d];
-    k_cache bf16 [blocks, block_size, h_kv, d] or uint8 [blocks, block_size, 1, 656]; block_table,
+    k_cache bf16 [blocks, block_size, h_kv, d] or uint8 [blocks, block_size, 1, 656] (or MODEL1 pages
+    [blocks, block_size, 1, 584], d = 512: read by page, layouts/kv_cache_model1.py); block_table,
     cache_seqlens (None allowed with indices); indices None or int32 [b, s_q, topk];
     tile_scheduler_metadata: the MlaMetadata of this backend (its `.tensors` are the backend's own);
     num_splits: its num_splits; out bf16 [b, s_q, h_q, 512] and lse fp32 [b, h_q, s_q] to write;
@@ -456,7 +457,7 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
     """Scheduling data for flash_mla_with_kvcache, computed by the backend the call selects.
 
     cache_seqlens: int32 [b]; num_q_tokens_per_head_k: s_q * h_q // h_kv; num_heads_k: h_kv;
-    num_heads_q: h_q (required for sparse decode); is_fp8_kvcache: the cache is the 656-byte FP8 one;
+    num_heads_q: h_q (required for sparse decode); is_fp8_kvcache: the cache is an FP8 one (656-byte rows or MODEL1 pages);
     topk: indices.shape[-1] for sparse decode, None for dense.
     Returns (tile_scheduler_metadata: MlaMetadata, num_splits: opaque tensor or None); pass both on.
     """
@@ -506,7 +507,9 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     q:             bf16 (or fp16 for a dense cache) [b, s_q, h_q, d], d = 576 (512 latent + 64 RoPE) or 512
     k_cache:       [num_blocks, block_size, h_kv, d] of q's dtype (h_q a multiple of h_kv), or with
                    is_fp8_kvcache uint8 (or the same bytes as float8_e4m3fn) [num_blocks, block_size, 1, 656]
-                   (layouts.pack_fp8_kv_cache; d = 576) in FlashMLA's row order, or a PreparedKVCache
+                   (layouts.pack_fp8_kv_cache; d = 576) in FlashMLA's row order, or FlashMLA's MODEL1
+                   pages [num_blocks, block_size, 1, 584] (layouts.pack_model1_kv_cache; d = 512, V = all
+                   512 channels; stride(1) = 584, any page stride >= block_size·584), or a PreparedKVCache
                    (prepare_inputs(flash_mla_with_kvcache, k_cache=...), allocate_kv_cache) whose rows
                    are in its backend's order; a cache in another order than the selected backend's
                    is converted in the call (whole cache, counted by implicit_conversions())
