@@ -1,10 +1,12 @@
 """nvidia providers of MoE routing: Triton top2_sum_gate, normalize_weight, get_fused_mapping,
-expand_to_fused(_with_sf), reduce_fused."""
+expand_to_fused(_with_sf), reduce_fused, and the expert-id rewrites (mask_indices_by_tp,
+map_to_physical_experts, inplace_unique_group_indices)."""
 
 from __future__ import annotations
 
 from portable_kernels.ops.moe_routing import (EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF, GET_FUSED_MAPPING,
-                                             NORMALIZE_WEIGHT, REDUCE_FUSED, TOP2_SUM_GATE)
+                                             INPLACE_UNIQUE_GROUP_INDICES, MAP_TO_PHYSICAL_EXPERTS,
+                                             MASK_INDICES_BY_TP, NORMALIZE_WEIGHT, REDUCE_FUSED, TOP2_SUM_GATE)
 from portable_kernels.core.registry import Registry
 
 from ._common import BACKEND, TRITON, TRITON_PRIORITY, kernel, triton_devices, triton_reasons
@@ -23,6 +25,20 @@ def _normalize(call):
 def _mapping(call):
     return kernel("moe_mapping").get_fused_mapping(call.topk_idx, call.num_experts, call.num_expanded_tokens,
                                                    call.alignment)
+
+
+def _mask_by_tp(call):
+    return kernel("moe_indices").mask_indices_by_tp(call.indices, call.n, call.num_ep_ranks, call.tp_rank,
+                                                    call.num_tp_ranks)
+
+
+def _physical(call):
+    return kernel("moe_indices").map_to_physical_experts(call.topk_idx, call.to_physical_map, call.logical_count,
+                                                         call.ep_rank)
+
+
+def _unique_groups(call) -> None:
+    kernel("moe_indices").inplace_unique_group_indices(call.group_indices)
 
 
 def _expand(call) -> None:
@@ -51,6 +67,11 @@ def register(registry: Registry) -> None:
     registry.kernel(GET_FUSED_MAPPING.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
                     check=triton_reasons, doc="Triton, count / scan / place passes, no atomics (the reference's rows)")(
         _mapping)
+    for contract, fn, doc in ((MASK_INDICES_BY_TP, _mask_by_tp, "Triton, one elementwise pass"),
+                              (MAP_TO_PHYSICAL_EXPERTS, _physical, "Triton, one gather from the replica map"),
+                              (INPLACE_UNIQUE_GROUP_INDICES, _unique_groups, "Triton, pairwise compare within a row")):
+        registry.kernel(contract.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
+                        check=triton_reasons, doc=doc)(fn)
     for contract in (EXPAND_TO_FUSED, EXPAND_TO_FUSED_WITH_SF):
         registry.kernel(contract.name, BACKEND, TRITON, priority=TRITON_PRIORITY, devices=triton_devices(),
                         check=_contiguous_rows, shape_class=lambda call: call.x.stride(-1) == 1,
