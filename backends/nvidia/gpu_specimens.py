@@ -16,7 +16,7 @@ import torch
 
 from .kernels import (bf16_gemm, block_cast, cast_fp4, cast_fp8, cast_fp8_channel, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm, k_grouped,
                                         grouped_masked, mla_decode, mla_metadata, mla_sparse_prefill, moe_expand, moe_gate, moe_reduce,
-                                        ep_layout, moe_mapping, moe_normalize,
+                                        ep_layout, moe_indices, moe_mapping, moe_normalize,
                                         mqa_logits, paged_mqa_logits, swiglu_cast, topk, varlen_attention)
 
 Specimen = tuple[int | None, str, Callable[[], object]]
@@ -212,6 +212,13 @@ def routing_specimens(all_configs: bool):
         idx = torch.zeros(4096, 8, dtype=dtype)
         yield (None, f"moe_mapping {str(dtype)[6:]}", lambda: moe_mapping.get_fused_mapping(idx, 256, 65536, 128))
         yield (None, f"ep_layout {str(dtype)[6:]}", lambda: ep_layout.get_dispatch_layout(idx, 256, 8))
+        ids = torch.zeros(4096, 9, dtype=dtype)
+        yield (None, f"moe_indices mask_by_tp {str(dtype)[6:]}", lambda: moe_indices.mask_indices_by_tp(
+            ids, 288, 8, 1, 2))
+        yield (None, f"moe_indices physical_map {str(dtype)[6:]}", lambda: moe_indices.map_to_physical_experts(
+            ids, torch.zeros(257, 33, dtype=torch.int32), torch.ones(257, dtype=torch.int32), 0))
+    yield (None, "moe_indices unique_groups", lambda: moe_indices.inplace_unique_group_indices(
+        torch.zeros(4096, 8, dtype=torch.int64)))
 
 
 def indexer_specimens(all_configs: bool):
