@@ -17,7 +17,8 @@ TRITON_OPS = (
     "per_token_cast_to_fp8", "per_block_cast_to_fp8", "per_token_cast_to_fp4", "swiglu_forward_and_per_token_cast",
     "topk", "get_mla_metadata", "flash_mla_with_kvcache", "flash_attn_varlen_func",
     "top2_sum_gate", "normalize_weight", "get_fused_mapping", "expand_to_fused", "expand_to_fused_with_sf",
-    "reduce_fused", "get_dispatch_layout",
+    "reduce_fused", "get_dispatch_layout", "mask_indices_by_tp", "map_to_physical_experts",
+    "inplace_unique_group_indices",
 )
 
 
