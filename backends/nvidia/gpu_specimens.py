@@ -16,7 +16,7 @@ import torch
 
 from .kernels import (bf16_gemm, block_cast, cast_fp4, cast_fp8, cast_fp8_channel, fp8_fp4_gemm, fp8_gemm, grouped_contiguous, hc_prenorm_gemm, k_grouped,
                                         grouped_masked, mla_decode, mla_metadata, mla_sparse_prefill, moe_expand, moe_gate, moe_reduce,
-                                        ep_layout, moe_indices, moe_mapping, moe_normalize,
+                                        ep_layout, moe_indices, moe_mapping, moe_normalize, moe_select,
                                         mqa_logits, paged_mqa_logits, swiglu_cast, topk, varlen_attention)
 
 Specimen = tuple[int | None, str, Callable[[], object]]
@@ -219,6 +219,9 @@ def routing_specimens(all_configs: bool):
             ids, torch.zeros(257, 33, dtype=torch.int32), torch.ones(257, dtype=torch.int32), 0))
     yield (None, "moe_indices unique_groups", lambda: moe_indices.inplace_unique_group_indices(
         torch.zeros(4096, 8, dtype=torch.int64)))
+    yield (None, "moe_select topk_gate", lambda: moe_select.topk_gate(torch.zeros(4096, 256), 8))
+    yield (None, "moe_select group_select", lambda: moe_select.topk_sum_and_topk_group_idx(
+        torch.zeros(4096, 8, 32), 2, 4))
 
 
 def indexer_specimens(all_configs: bool):
