@@ -18,7 +18,7 @@ TRITON_OPS = (
     "topk", "get_mla_metadata", "flash_mla_with_kvcache", "flash_attn_varlen_func",
     "top2_sum_gate", "normalize_weight", "get_fused_mapping", "expand_to_fused", "expand_to_fused_with_sf",
     "reduce_fused", "get_dispatch_layout", "mask_indices_by_tp", "map_to_physical_experts",
-    "inplace_unique_group_indices",
+    "inplace_unique_group_indices", "topk_gate", "topk_sum_and_topk_group_idx",
 )
 
 
