@@ -9,7 +9,8 @@ torch.compile. docs/custom-ops.md has the schemas and the rules.
 """
 
 # each module defines its family's ops and routes when imported
-from . import ep, gemm, grouped_gemm, indexer, mla, moe_indices, moe_routing, prefill, quantization, swiglu, topk  # noqa: F401
+from . import ep, gemm, grouped_gemm, indexer, mhc, mla, moe_indices, moe_routing, prefill, quantization  # noqa: F401
+from . import swiglu, topk  # noqa: F401
 from .boundary import NAMESPACE, OPERAND_FIELDS, SCHEMAS, operand_args, rebuild_operand, register_provider_fake
 from .fake_storage import register_fake_storage
 

@@ -50,6 +50,9 @@ MUTATED = {
     "m_grouped_fp8_fp4_gemm_nt_contiguous": {"d"}, "m_grouped_fp8_fp4_gemm_nt_masked": {"d"},
     "k_grouped_fp8_gemm_tn_contiguous": {"d"}, "k_grouped_fp8_gemm_nt_contiguous": {"d"},
     "k_grouped_bf16_gemm_tn_contiguous": {"d"}, "tf32_hc_prenorm_gemm": {"d", "sqr_sum"},
+    # the mHC ops (ops/mhc) return fresh tensors and write none of their arguments
+    **{f"mhc_{name}{kind}": set() for name in ("expand", "sinkhorn", "pre_split_mixes", "head_compute_mix",
+                                                "pre_apply_mix", "post", "pre_norm_fn") for kind in ("", "_backward")},
 }
 
 _BYTE_FLOATS = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu)

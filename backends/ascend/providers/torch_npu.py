@@ -63,6 +63,13 @@ NOT_MAPPED = {
     "swiglu_backward_and_per_token_cast": "no torch_npu op checked against this contract (SwiGLU backward with "
                                           "router weights, clamp and TileKernels' FP8 cast of the gradient)",
     "swiglu_forward": "no torch_npu op checked against this contract (fp32 SwiGLU with row weights and clamp counts)",
+    # TileKernels' mHC ops (ops/mhc): CANN has no hyper-connection operators; the oracle runs the reference on the NPU
+    **{f"mhc_{name}{kind}": "no CANN operator for TileKernels' mHC " + what + " (the oracle runs the reference)"
+       for name, what in (("expand", "stream expansion"), ("sinkhorn", "Sinkhorn normalization"),
+                          ("pre_split_mixes", "mix split"), ("head_compute_mix", "head mix"),
+                          ("pre_apply_mix", "stream mix"), ("post", "residual update"),
+                          ("pre_norm_fn", "RMS-normalized projection"))
+       for kind in ("", "_backward")},
     "topk_gate": "no torch_npu op documented to rank ties to the smaller index",
     "topk_sum_and_topk_group_idx": "npu_moe_gating_top_k selects groups only inside its full gate",
     "group_count": "no CANN operator for it (a bincount)",

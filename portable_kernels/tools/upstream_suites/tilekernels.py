@@ -1,4 +1,4 @@
-"""TileKernels' tests/ (pytest): moe, quant and transpose through portable_kernels.tile_kernels.
+"""TileKernels' tests/ (pytest): mhc, moe, quant and transpose through portable_kernels.tile_kernels.
 
 The references the tests compare against stay upstream's: tile_kernels/torch is copied as the
 package `upstream_tile_kernels_torch` and every `tile_kernels.torch` in the tests points there;
@@ -23,8 +23,8 @@ IMPORT_RULES = (
          ("tests/*", f"{REFERENCE}/*")),
 )
 
-AREAS = ("moe", "quant", "transpose")
-OUT_OF_SCOPE = ("mhc", "engram")
+AREAS = ("mhc", "moe", "quant", "transpose")
+OUT_OF_SCOPE = ("engram",)
 
 SUITE = Suite(
     name="TileKernels",
