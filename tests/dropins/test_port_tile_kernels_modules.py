@@ -1,4 +1,4 @@
-"""tile_kernels' module layout as a port imports it: `moe.scoring` (ScoringFunc, taken by the gate),
+"""tile_kernels' module layout as a port imports it: `modeling.mhc.ops` (and each op module), `moe.scoring` (ScoringFunc, taken by the gate),
 `config`'s nominal SM count per emulated arch, `utils`, `quant.common` and the `testing` helpers
 TileKernels' tests import, each held to upstream's behaviour on small seeded cases."""
 
@@ -20,7 +20,12 @@ from portable_kernels.tile_kernels.testing import bench, generator, numeric
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device reports its own SM count")
 
 SUBMODULES = ["moe", "moe.scoring", "quant", "quant.common", "quant.types", "transpose", "config", "utils", "testing",
-              "testing.numeric", "testing.bench", "testing.generator", "testing.quant"]
+              "testing.numeric", "testing.bench", "testing.generator", "testing.quant",
+              "mhc", "mhc.post_kernel", "mhc.multilayer_recompute_kernel", "modeling", "modeling.mhc",
+              "modeling.mhc.functional", "modeling.mhc.ops",
+              *(f"modeling.mhc.ops.{m}" for m in ("expand", "head_compute_mix", "multilayer_recompute", "norm_fn",
+                                                  "post", "pre_apply_mix", "pre_big_fuse", "pre_split_mixes",
+                                                  "sinkhorn"))]
 
 # every `from tile_kernels.X import ...` of TileKernels' tests and oracles in scope (36d9e45)
 UPSTREAM_IMPORTS = {
@@ -35,6 +40,11 @@ UPSTREAM_IMPORTS = {
     "testing.generator": ["generate_hidden_sizes", "generate_num_tokens", "generate_topk_idx", "generate_moe_params",
                           "generate_num_sms", "generate_e5m6_inputs", "generate_rand_float"],
     "testing.quant": ["clear_unused_sf"],
+    "modeling.mhc.ops": ["expand_to_mhc", "mhc_head_compute_mix", "mhc_pre_norm_fn", "mhc_post", "mhc_pre_apply_mix",
+                         "mhc_pre_big_fuse", "mhc_pre_split_mixes", "sinkhorn_normalize"],
+    "modeling.mhc.ops.multilayer_recompute": ["mhc_multilayer_recompute"],
+    "modeling.mhc.ops.post": ["mhc_post"],
+    "modeling.mhc.ops.pre_apply_mix": ["mhc_pre_apply_mix"],
 }
 
 # the names tile_kernels.moe exported while it was one module; they must stay importable
