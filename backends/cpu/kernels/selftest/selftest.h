@@ -55,3 +55,4 @@ int selftest_gemm();
 int selftest_casts();
 int selftest_topk();
 int selftest_routing();
+int selftest_mhc();

@@ -21,7 +21,8 @@ static const char* kVector = "generic";
 
 int main() {
   std::printf("portable_kernels cpu kernel self-test: %s, %s build\n", kTarget, kVector);
-  const int failures = selftest_mla() + selftest_gemm() + selftest_casts() + selftest_topk() + selftest_routing();
+  const int failures = selftest_mla() + selftest_gemm() + selftest_casts() + selftest_topk() + selftest_routing() +
+                       selftest_mhc();
   std::printf("%s: %d failed\n", failures ? "FAILED" : "all ok", failures);
   return failures ? 1 : 0;
 }
