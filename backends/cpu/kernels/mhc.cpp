@@ -1,6 +1,7 @@
 // mhc.cpp — the cpu backend's native mHC stream kernels (ops/mhc/apply.py has the contracts):
 // mhc_pre_apply_mix (out = Σ_m x[m] · mix[m]) and mhc_post (out[n] = x · post[n] + Σ_m comb[m][n] ·
-// residual[m]), bf16 streams, fp32 mixes, fp32 products and sums, each output rounded once to bf16
+// residual[m]) and their backwards, bf16 streams, fp32 mixes, fp32 products and sums (the sums over
+// H in 8 lanes, then across them), each bf16 output rounded once
 // (round to nearest even, NaN -> 0x7FC0 as c10). One pass over the streams per token: the reference
 // widens the whole [N, M, H] block to fp32 first. Tokens split over the worker threads; with AVX2,
 // 8 hidden values per step, the rest scalar (the generic build is all scalar).
@@ -84,6 +85,100 @@ PK_EXPORT void pk_mhc_post(const uint16_t* x, const uint16_t* residual, const fl
           o[n * H + h] = pk::f32_to_bf16(acc);
         }
       }
+    }
+  });
+}
+
+// Backward of pre_apply_mix: o_grad bf16 [N, H], x bf16 [N, M, H], mix fp32 [N, M] -> x_grad bf16
+// [N, M, H] = o_grad · mix[m], mix_grad fp32 [N, M] = Σ_h o_grad · x[m].
+PK_EXPORT void pk_mhc_pre_apply_mix_bwd(const uint16_t* g, const uint16_t* x, const float* mix, uint16_t* x_grad,
+                                        float* mix_grad, int64_t N, int64_t M, int64_t H, int nthreads) {
+  pk::parallel_blocks(N, pick(nthreads, N * M * H * 4, N), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint16_t* gt = g + t * H;
+      for (int64_t m = 0; m < M; ++m) {
+        const uint16_t* xs = x + (t * M + m) * H;
+        uint16_t* xg = x_grad + (t * M + m) * H;
+        const float w = mix[t * M + m];
+        float sum = 0.0f;
+        int64_t h = 0;
+#if defined(__AVX2__)
+        __m256 acc = _mm256_setzero_ps();
+        for (; h + 8 <= H; h += 8) {
+          const __m256 gv = load_bf16x8(gt + h);
+          store_bf16x8(xg + h, _mm256_mul_ps(gv, _mm256_set1_ps(w)));
+          acc = _mm256_add_ps(acc, _mm256_mul_ps(gv, load_bf16x8(xs + h)));
+        }
+        sum = pk::hsum(acc);
+#endif
+        for (; h < H; ++h) {
+          const float gv = pk::bf16_to_f32(gt[h]);
+          xg[h] = pk::f32_to_bf16(gv * w);
+          sum += gv * pk::bf16_to_f32(xs[h]);
+        }
+        mix_grad[t * M + m] = sum;
+      }
+    }
+  });
+}
+
+// Backward of post: d_out bf16 [N, M, H] (g), x bf16 [N, H], residual bf16 [N, M, H], post fp32
+// [N, M], comb fp32 [N, M, M] -> d_x bf16 [N, H] = Σ_n g[n] · post[n], d_residual bf16 [N, M, H]
+// [m] = Σ_n comb[m][n] · g[n], d_post fp32 [N, M] [n] = Σ_h g[n] · x, d_comb fp32 [N, M, M] [m][n]
+// = Σ_h residual[m] · g[n]. M <= 16 (the Python side checks).
+PK_EXPORT void pk_mhc_post_bwd(const uint16_t* g, const uint16_t* x, const uint16_t* residual, const float* post,
+                               const float* comb, uint16_t* d_x, uint16_t* d_residual, float* d_post, float* d_comb,
+                               int64_t N, int64_t M, int64_t H, int nthreads) {
+  pk::parallel_blocks(N, pick(nthreads, N * M * H * 6, N), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint16_t* gt = g + t * M * H;
+      const uint16_t* xt = x + t * H;
+      const uint16_t* rs = residual + t * M * H;
+      const float* p = post + t * M;
+      const float* c = comb + t * M * M;
+      float sp[16] = {0}, sc[256] = {0};
+      int64_t h = 0;
+#if defined(__AVX2__)
+      __m256 ap[16], ac[256];
+      for (int64_t i = 0; i < M; ++i) ap[i] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < M * M; ++i) ac[i] = _mm256_setzero_ps();
+      for (; h + 8 <= H; h += 8) {
+        const __m256 xv = load_bf16x8(xt + h);
+        __m256 gv[16], rv[16];
+        for (int64_t n = 0; n < M; ++n) gv[n] = load_bf16x8(gt + n * H + h);
+        for (int64_t m = 0; m < M; ++m) rv[m] = load_bf16x8(rs + m * H + h);
+        __m256 dx = _mm256_mul_ps(gv[0], _mm256_set1_ps(p[0]));
+        for (int64_t n = 1; n < M; ++n) dx = _mm256_add_ps(dx, _mm256_mul_ps(gv[n], _mm256_set1_ps(p[n])));
+        store_bf16x8(d_x + t * H + h, dx);
+        for (int64_t m = 0; m < M; ++m) {
+          __m256 dr = _mm256_mul_ps(gv[0], _mm256_set1_ps(c[m * M]));
+          for (int64_t n = 1; n < M; ++n) dr = _mm256_add_ps(dr, _mm256_mul_ps(gv[n], _mm256_set1_ps(c[m * M + n])));
+          store_bf16x8(d_residual + (t * M + m) * H + h, dr);
+          for (int64_t n = 0; n < M; ++n) ac[m * M + n] = _mm256_add_ps(ac[m * M + n], _mm256_mul_ps(rv[m], gv[n]));
+        }
+        for (int64_t n = 0; n < M; ++n) ap[n] = _mm256_add_ps(ap[n], _mm256_mul_ps(gv[n], xv));
+      }
+      for (int64_t i = 0; i < M; ++i) sp[i] = pk::hsum(ap[i]);
+      for (int64_t i = 0; i < M * M; ++i) sc[i] = pk::hsum(ac[i]);
+#endif
+      for (; h < H; ++h) {
+        const float xv = pk::bf16_to_f32(xt[h]);
+        float gv[16], rv[16];
+        for (int64_t n = 0; n < M; ++n) gv[n] = pk::bf16_to_f32(gt[n * H + h]);
+        for (int64_t m = 0; m < M; ++m) rv[m] = pk::bf16_to_f32(rs[m * H + h]);
+        float dx = gv[0] * p[0];
+        for (int64_t n = 1; n < M; ++n) dx += gv[n] * p[n];
+        d_x[t * H + h] = pk::f32_to_bf16(dx);
+        for (int64_t m = 0; m < M; ++m) {
+          float dr = gv[0] * c[m * M];
+          for (int64_t n = 1; n < M; ++n) dr += gv[n] * c[m * M + n];
+          d_residual[(t * M + m) * H + h] = pk::f32_to_bf16(dr);
+          for (int64_t n = 0; n < M; ++n) sc[m * M + n] += rv[m] * gv[n];
+        }
+        for (int64_t n = 0; n < M; ++n) sp[n] += gv[n] * xv;
+      }
+      for (int64_t n = 0; n < M; ++n) d_post[t * M + n] = sp[n];
+      for (int64_t i = 0; i < M * M; ++i) d_comb[t * M * M + i] = sc[i];
     }
   });
 }
