@@ -1,4 +1,5 @@
-"""cpu: the native mHC stream kernels (mhc_pre_apply_mix, mhc_post; backends/cpu/kernels/mhc.cpp)
+"""cpu: the native mHC stream kernels (mhc_pre_apply_mix, mhc_post and their backwards;
+backends/cpu/kernels/mhc.cpp)
 against the contracts' references, side by side in one process: rounds alternate the two, the
 median per call and the spread (min..max) are printed, with the machine's load.
 
@@ -14,9 +15,11 @@ import time
 
 import torch
 
-from portable_kernels.backends.cpu.providers.mhc import post_native, pre_apply_mix_native
+from portable_kernels.backends.cpu.providers.mhc import (post_backward_native, post_native,
+                                                        pre_apply_mix_backward_native, pre_apply_mix_native)
 from portable_kernels.ops.mhc._common import MhcInputs
-from portable_kernels.ops.mhc.apply import post_reference, pre_apply_mix_reference
+from portable_kernels.ops.mhc.apply import (post_backward_reference, post_reference, pre_apply_mix_backward_reference,
+                                            pre_apply_mix_reference)
 from portable_kernels.testing.generators import randn
 
 
@@ -45,6 +48,10 @@ def main() -> None:
                               lambda: pre_apply_mix_reference(x, mix), n * m * h * 2 + n * h * 2),
         "mhc_post": (lambda: post_native(MhcInputs((y, x, post, comb))),
                      lambda: post_reference(y, x, post, comb), n * h * 2 + 2 * n * m * h * 2),
+        "mhc_pre_apply_mix_backward": (lambda: pre_apply_mix_backward_native(MhcInputs((y, x, mix))),
+                                       lambda: pre_apply_mix_backward_reference(y, x, mix), n * h * 2 + 2 * n * m * h * 2),
+        "mhc_post_backward": (lambda: post_backward_native(MhcInputs((x, y, x, post, comb))),
+                              lambda: post_backward_reference(x, y, x, post, comb), 2 * n * h * 2 + 3 * n * m * h * 2),
     }
     print(f"tokens {n}, M {m}, H {h}, threads {torch.get_num_threads()}, load {os.getloadavg()}")
     for name, (native, ref, nbytes) in cases.items():
@@ -54,7 +61,7 @@ def main() -> None:
             t_nat += _time(native, 1)
             t_ref += _time(ref, 1)
         mn, mr = statistics.median(t_nat), statistics.median(t_ref)
-        print(f"{name:18s} native {mn * 1e3:8.2f} ms ({min(t_nat) * 1e3:.2f}..{max(t_nat) * 1e3:.2f}), "
+        print(f"{name:26s} native {mn * 1e3:8.2f} ms ({min(t_nat) * 1e3:.2f}..{max(t_nat) * 1e3:.2f}), "
               f"{nbytes / mn / 1e9:5.1f} GB/s | reference {mr * 1e3:8.2f} ms ({min(t_ref) * 1e3:.2f}.."
               f"{max(t_ref) * 1e3:.2f}) | x{mr / mn:.1f}")
 
