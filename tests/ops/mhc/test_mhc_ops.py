@@ -269,3 +269,16 @@ def test_head_matches_the_formulation():
 def test_bad_input_raises_a_contract_error_naming_the_argument(call, match):
     with pytest.raises(ContractError, match=match):
         call()
+
+
+def test_mhc_pre_with_norm_weight_gives_the_same_values_with_and_without_autograd():
+    h, m3 = 24, M * (M + 2)
+    res = randn(1, 7, M, h, seed=90, dtype=torch.bfloat16)
+    fn, scale, base = randn(m3, M * h, seed=91) * 0.05, randn(3, seed=92) * 0.1, randn(m3, seed=93) * 0.1
+    w = randn(M * h, seed=94) * 0.1 + 1.0
+    with torch.no_grad():
+        fused_input, (fused_post, fused_comb) = tkf.mhc_pre(res, fn, scale, base, norm_weight=w, mhc_mult=M)
+    layer_input, (post, comb) = tkf.mhc_pre(res, fn, scale, base, norm_weight=w, mhc_mult=M)
+    assert torch.equal(fused_input, layer_input) and torch.equal(fused_post, post) and torch.equal(fused_comb, comb)
+    unweighted, _ = tkf.mhc_pre(res, fn, scale, base, mhc_mult=M)
+    assert not torch.equal(unweighted, layer_input)
