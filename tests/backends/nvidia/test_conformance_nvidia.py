@@ -22,6 +22,11 @@ TRITON_OPS = (
 )
 
 
+#: op -> cases known to run on the oracle, with the reason (a documented gap, not a pass):
+#: FlashMLA's MODEL1 FP8 pages (584-byte tokens) are declined by the Triton decode (docs/nvidia.md)
+KNOWN_ORACLE_CASES = {"flash_mla_with_kvcache": 3}
+
+
 @pytest.fixture(scope="module", params=["sm90", "sm100"])
 def report(request, conformance_report):
     return conformance_report("nvidia", arch=request.param)  # the run tests/core/test_conformance.py checks too
@@ -34,7 +39,9 @@ def test_every_case_passes(report):
 @pytest.mark.parametrize("op", TRITON_OPS)
 def test_the_triton_provider_runs_every_case(report, op):
     r = report.ops[op]
-    assert r.passed > 0 and r.providers == {"triton": r.passed}, report.format_table()
+    oracle = KNOWN_ORACLE_CASES.get(op, 0)
+    expected = {"triton": r.passed - oracle} | ({"layout-reference": oracle} if oracle else {})
+    assert r.passed > oracle and r.providers == expected, report.format_table()
 
 
 #: ops with a case refused by the public op before any provider runs (block_cast's e2m1 NaN input):
