@@ -241,8 +241,22 @@ def run_pytest_tree(tree: Path, paths: Sequence[str], backend: Backend, test_tim
 
 
 #: written at the root of a program suite's tree (on PYTHONPATH): every process the program spawns
-#: enters the backend named by PK_UPSTREAM_BACKEND before the test code runs
+#: enters the backend named by PK_UPSTREAM_BACKEND before the test code runs, and
+#: torch.distributed.all_gather_into_tensor takes NCCL's stacked output [R, N, ...] on Gloo (which
+#: wants it flat, [R * N, ...]; the same memory): a transport difference upstream tests call directly
 SITECUSTOMIZE = """import os
+import torch.distributed as _dist
+
+_gather = _dist.all_gather_into_tensor
+
+
+def _all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    if output_tensor.dim() == input_tensor.dim() + 1 and output_tensor.is_contiguous():
+        output_tensor = output_tensor.view(-1, *output_tensor.shape[2:])
+    return _gather(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+_dist.all_gather_into_tensor = _all_gather_into_tensor
 _spec = os.environ.get("PK_UPSTREAM_BACKEND", "cpu")
 if _spec != "cpu":
     from portable_kernels.tools.upstream_suites.engine import Backend
