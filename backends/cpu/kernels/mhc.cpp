@@ -1,7 +1,8 @@
 // mhc.cpp — the cpu backend's native mHC stream kernels (ops/mhc/apply.py has the contracts):
 // mhc_pre_apply_mix (out = Σ_m x[m] · mix[m]) and mhc_post (out[n] = x · post[n] + Σ_m comb[m][n] ·
-// residual[m]) and their backwards, bf16 streams, fp32 mixes, fp32 products and sums (the sums over
-// H in 8 lanes, then across them), each bf16 output rounded once
+// residual[m]) and their backwards, bf16 streams, fp32 mixes, fp32 products and sums, each bf16
+// output rounded once. The backwards' sums over H add products of two bf16 values (exact in fp32)
+// in double, rounded once to fp32: within an fp32 rounding of the exact sum, whatever H
 // (round to nearest even, NaN -> 0x7FC0 as c10). One pass over the streams per token: the reference
 // widens the whole [N, M, H] block to fp32 first. Tokens split over the worker threads; with AVX2,
 // 8 hidden values per step, the rest scalar (the generic build is all scalar).
@@ -22,6 +23,17 @@ inline void store_bf16x8(uint16_t* p, __m256 v) {
   r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
   const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+
+// 8 exact fp32 products added to two double accumulators
+inline void add_pd(__m256d* lo, __m256d* hi, __m256 p) {
+  *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+  *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
+}
+inline double hsum_pd(__m256d lo, __m256d hi) {
+  alignas(32) double v[4];
+  _mm256_store_pd(v, _mm256_add_pd(lo, hi));
+  return (v[0] + v[1]) + (v[2] + v[3]);
 }
 #endif
 
@@ -100,23 +112,23 @@ PK_EXPORT void pk_mhc_pre_apply_mix_bwd(const uint16_t* g, const uint16_t* x, co
         const uint16_t* xs = x + (t * M + m) * H;
         uint16_t* xg = x_grad + (t * M + m) * H;
         const float w = mix[t * M + m];
-        float sum = 0.0f;
+        double sum = 0.0;
         int64_t h = 0;
 #if defined(__AVX2__)
-        __m256 acc = _mm256_setzero_ps();
+        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
         for (; h + 8 <= H; h += 8) {
           const __m256 gv = load_bf16x8(gt + h);
           store_bf16x8(xg + h, _mm256_mul_ps(gv, _mm256_set1_ps(w)));
-          acc = _mm256_add_ps(acc, _mm256_mul_ps(gv, load_bf16x8(xs + h)));
+          add_pd(&lo, &hi, _mm256_mul_ps(gv, load_bf16x8(xs + h)));
         }
-        sum = pk::hsum(acc);
+        sum = hsum_pd(lo, hi);
 #endif
         for (; h < H; ++h) {
           const float gv = pk::bf16_to_f32(gt[h]);
           xg[h] = pk::f32_to_bf16(gv * w);
-          sum += gv * pk::bf16_to_f32(xs[h]);
+          sum += double(gv * pk::bf16_to_f32(xs[h]));
         }
-        mix_grad[t * M + m] = sum;
+        mix_grad[t * M + m] = float(sum);
       }
     }
   });
@@ -136,12 +148,12 @@ PK_EXPORT void pk_mhc_post_bwd(const uint16_t* g, const uint16_t* x, const uint1
       const uint16_t* rs = residual + t * M * H;
       const float* p = post + t * M;
       const float* c = comb + t * M * M;
-      float sp[16] = {0}, sc[256] = {0};
+      double sp[16] = {0}, sc[256] = {0};
       int64_t h = 0;
 #if defined(__AVX2__)
-      __m256 ap[16], ac[256];
-      for (int64_t i = 0; i < M; ++i) ap[i] = _mm256_setzero_ps();
-      for (int64_t i = 0; i < M * M; ++i) ac[i] = _mm256_setzero_ps();
+      __m256d ap[32], ac[512];
+      for (int64_t i = 0; i < 2 * M; ++i) ap[i] = _mm256_setzero_pd();
+      for (int64_t i = 0; i < 2 * M * M; ++i) ac[i] = _mm256_setzero_pd();
       for (; h + 8 <= H; h += 8) {
         const __m256 xv = load_bf16x8(xt + h);
         __m256 gv[16], rv[16];
@@ -154,12 +166,15 @@ PK_EXPORT void pk_mhc_post_bwd(const uint16_t* g, const uint16_t* x, const uint1
           __m256 dr = _mm256_mul_ps(gv[0], _mm256_set1_ps(c[m * M]));
           for (int64_t n = 1; n < M; ++n) dr = _mm256_add_ps(dr, _mm256_mul_ps(gv[n], _mm256_set1_ps(c[m * M + n])));
           store_bf16x8(d_residual + (t * M + m) * H + h, dr);
-          for (int64_t n = 0; n < M; ++n) ac[m * M + n] = _mm256_add_ps(ac[m * M + n], _mm256_mul_ps(rv[m], gv[n]));
+          for (int64_t n = 0; n < M; ++n) {
+            const int64_t i = m * M + n;
+            add_pd(&ac[2 * i], &ac[2 * i + 1], _mm256_mul_ps(rv[m], gv[n]));
+          }
         }
-        for (int64_t n = 0; n < M; ++n) ap[n] = _mm256_add_ps(ap[n], _mm256_mul_ps(gv[n], xv));
+        for (int64_t n = 0; n < M; ++n) add_pd(&ap[2 * n], &ap[2 * n + 1], _mm256_mul_ps(gv[n], xv));
       }
-      for (int64_t i = 0; i < M; ++i) sp[i] = pk::hsum(ap[i]);
-      for (int64_t i = 0; i < M * M; ++i) sc[i] = pk::hsum(ac[i]);
+      for (int64_t i = 0; i < M; ++i) sp[i] = hsum_pd(ap[2 * i], ap[2 * i + 1]);
+      for (int64_t i = 0; i < M * M; ++i) sc[i] = hsum_pd(ac[2 * i], ac[2 * i + 1]);
 #endif
       for (; h < H; ++h) {
         const float xv = pk::bf16_to_f32(xt[h]);
@@ -173,12 +188,12 @@ PK_EXPORT void pk_mhc_post_bwd(const uint16_t* g, const uint16_t* x, const uint1
           float dr = gv[0] * c[m * M];
           for (int64_t n = 1; n < M; ++n) dr += gv[n] * c[m * M + n];
           d_residual[(t * M + m) * H + h] = pk::f32_to_bf16(dr);
-          for (int64_t n = 0; n < M; ++n) sc[m * M + n] += rv[m] * gv[n];
+          for (int64_t n = 0; n < M; ++n) sc[m * M + n] += double(rv[m] * gv[n]);
         }
-        for (int64_t n = 0; n < M; ++n) sp[n] += gv[n] * xv;
+        for (int64_t n = 0; n < M; ++n) sp[n] += double(gv[n] * xv);
       }
-      for (int64_t n = 0; n < M; ++n) d_post[t * M + n] = sp[n];
-      for (int64_t i = 0; i < M * M; ++i) d_comb[t * M * M + i] = sc[i];
+      for (int64_t n = 0; n < M; ++n) d_post[t * M + n] = float(sp[n]);
+      for (int64_t i = 0; i < M * M; ++i) d_comb[t * M * M + i] = float(sc[i]);
     }
   });
 }
