@@ -70,6 +70,16 @@ def test_bench_returns_mean_min_max_and_bench_kineto_one_figure_per_name():
         dt.bench_kineto(lambda: None, ["dispatch"])
 
 
+def test_bench_kineto_gives_k_durations_per_name_with_k_kernels_per_period():
+    # test_low_latency's hook mode: `dispatch_t[0] + dispatch_t[1]` (send and receive halves)
+    dispatch, combine = dt.bench_kineto(lambda: sum(range(1000)), ("dispatch", "combine"), num_tests=3,
+                                        num_kernels_per_period=2)
+    assert len(dispatch) == len(combine) == 2 and dispatch[0] == dispatch[1] > 0
+    assert len(dt.bench_kineto(lambda: None, "dispatch", num_tests=2, num_kernels_per_period=3)) == 3
+    with pytest.raises(ValueError, match="num_kernels_per_period"):
+        dt.bench_kineto(lambda: None, "dispatch", num_kernels_per_period=0)
+
+
 def test_init_dist_joins_a_gloo_group_and_seeds_per_rank():
     code = ("from portable_kernels.deep_ep.utils.envs import init_dist, get_local_seed; import torch; "
             "r, w, g = init_dist(0, 1, seed=5); print(r, w, get_local_seed(), torch.get_default_dtype())")

@@ -53,10 +53,19 @@ def bench_kineto(fn: Callable[[], Any], kernel_names: str | tuple, num_tests: in
                  suppress_kineto_output: bool = False, trace_path: Optional[str] = None, flush_l2: bool = True,
                  barrier_comm_profiling: bool = False, num_kernels_per_period: int = 1,
                  barrier: Optional[Callable[[], Any]] = None) -> float | tuple:
-    """Mean seconds of fn once per name in kernel_names (a str gives a float, a tuple a tuple)."""
+    """Mean seconds of fn once per name in kernel_names (a str gives a float, a tuple a tuple).
+
+    With num_kernels_per_period = k > 1 (a name launched k times per call, e.g. a dispatch's send and
+    receive halves around a hook) each name gives a list of k durations, as DeepEP's; without a
+    kernel timeline each entry is the call's mean split evenly over its k launches."""
     if not isinstance(kernel_names, (str, tuple)):
         raise TypeError(f"bench_kineto: kernel_names is {type(kernel_names).__name__}; expected a str or a tuple")
+    if isinstance(num_kernels_per_period, bool) or not isinstance(num_kernels_per_period, int) \
+            or num_kernels_per_period < 1:
+        raise ValueError(f"bench_kineto: num_kernels_per_period is {num_kernels_per_period!r}; expected an int >= 1")
     fn()
     times = _times(fn, num_tests, None, flush_l2, barrier)
     mean = sum(times) / len(times)
-    return tuple(mean for _ in kernel_names) if isinstance(kernel_names, tuple) else mean
+    k = num_kernels_per_period
+    one = mean if k == 1 else [mean / k] * k
+    return tuple(one for _ in kernel_names) if isinstance(kernel_names, tuple) else one
