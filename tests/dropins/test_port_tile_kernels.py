@@ -462,10 +462,14 @@ def test_porting_doc_tables_and_snippet_match_the_module():
     text = (Path(__file__).resolve().parents[2] / "docs" / "porting.md").read_text()
     section = text.split("## TileKernels", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
-    listed = {name: row for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    listed = {name: row for row in rows for name in re.findall(r"`(?:functional\.)?(\w+)`", row.split("|")[1])}
     provided = {name for name, row in listed.items() if "not provided:" not in row.split("|")[2][:20]}
     ported = {name.split(".")[1] for name in SIGNATURES}
-    assert provided == ported and len(listed) == 33
+    # the mHC names (modeling.mhc.ops / .functional) are checked against those modules
+    from portable_kernels.tile_kernels.modeling.mhc import functional, ops as mhc_ops
+    mhc = provided - ported
+    assert mhc and all(hasattr(mhc_ops, n) or hasattr(functional, n) for n in mhc), sorted(mhc)
+    assert ported <= provided and len(listed) == 47
     assert f"Provided: {len(provided)} of {len(listed)} names" in section
     after = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0].split("# after", 1)[1]
     exec(after, {})
