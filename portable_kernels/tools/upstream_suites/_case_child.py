@@ -7,15 +7,14 @@ runner module whose DRIVERS maps the file's name to its CaseDriver.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import signal
 import sys
-import time
 import traceback
 from pathlib import Path
 
 from . import cuda_stubs
+from ._child import load_module, run_timed
 from .cases import collect, pick, with_seed
 from .engine import Backend, first_line
 
@@ -33,12 +32,8 @@ def main() -> None:
     def write():
         out.write_text(json.dumps(rows, indent=1))
 
-    sys.path.insert(0, str(file.parent))
     try:
-        module_spec = importlib.util.spec_from_file_location(file.stem, file)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[file.stem] = module
-        module_spec.loader.exec_module(module)
+        module = load_module(file)
         with backend.context():
             cases = collect(module, driver)
     except BaseException as exc:  # an import or enumeration failure is the file's one result
@@ -61,24 +56,14 @@ def main() -> None:
     for case in chosen:
         args = driver.prepare(with_seed(case.args, case.index))
         name = f"{driver.function}[{case.index}] {driver.label(args)}".strip()
-        row = {"name": name, "outcome": "passed", "first_line": ""}
-        print(f"### {name} [{spec}]", flush=True)
         torch.set_default_dtype(case.default_dtype)
         vars(module).update(case.module_globals)
-        start = time.monotonic()
-        signal.alarm(timeout)
-        try:
-            with backend.context():
-                result = fn(*args, **case.kwargs)
-            if not driver.passed(result):
-                row |= {"outcome": "failed", "first_line": f"the case reports incorrect results ({result!r})"[:300]}
-        except BaseException as exc:
-            traceback.print_exc()
-            row |= {"outcome": "failed", "first_line": first_line(exc)}
-        finally:
-            signal.alarm(0)
-        row["seconds"] = round(time.monotonic() - start, 1)
-        rows.append(row)
+
+        def call(args=args, case=case):
+            result = fn(*args, **case.kwargs)
+            return None if driver.passed(result) else f"the case reports incorrect results ({result!r})"[:300]
+
+        rows.append(run_timed(name, spec, backend, timeout, call))
         write()
     write()
 
