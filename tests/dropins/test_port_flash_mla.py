@@ -203,27 +203,36 @@ def _indices(b, s_q, topk, valid_slots):
     return idx
 
 
-@pytest.mark.parametrize("with_extra", [False, True])
-def test_sparse_decode_with_sink_topk_length_and_extra_cache(with_extra):
-    b, s_q, h_q = 3, 2, 16
-    cache, flat = _fp8_cache(6, 64, nan_from=300)
+def _sparse_decode_with_extras(make_cache, h_q, d, extra_cache, with_extra):
+    """A sparse decode (b 3, s_q 2) over a 6 x 64-token cache with an attention sink (head 3 +inf),
+    topk_length [64, 10, 0] and, with_extra, an extra cache `make_cache(*extra_cache)` whose last
+    argument is its number of valid tokens: (out, lse, ref_out, ref_lse)."""
+    b, s_q = 3, 2
+    cache, flat = make_cache(6, 64, nan_from=300)
     idx = _indices(b, s_q, 64, 300)
     topk_length = torch.tensor([64, 10, 0], dtype=torch.int32)
     attn_sink = torch.randn(h_q)
     attn_sink[3] = float("inf")
     extra, extra_flat, extra_idx, extra_len = None, None, None, None
     if with_extra:
-        extra, extra_flat = _fp8_cache(5, 32, nan_from=100)
-        extra_idx = _indices(b, s_q, 16, 100)
+        blocks, block_size, valid = extra_cache
+        extra, extra_flat = make_cache(blocks, block_size, nan_from=valid)
+        extra_idx = _indices(b, s_q, 16, valid)
         extra_len = torch.tensor([3, 16, 0], dtype=torch.int32)
-    q = torch.randn(b, s_q, h_q, 576).to(torch.bfloat16)
+    q = torch.randn(b, s_q, h_q, d).to(torch.bfloat16)
     sched, _ = flash_mla.get_mla_metadata()
     out, lse = flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, sched, None, is_fp8_kvcache=True,
                                                 indices=idx, attn_sink=attn_sink, extra_k_cache=extra,
                                                 extra_indices_in_kvcache=extra_idx, topk_length=topk_length,
                                                 extra_topk_length=extra_len)
     parts = [(flat, idx, topk_length)] + ([(extra_flat, extra_idx, extra_len)] if with_extra else [])
-    ref_out, ref_lse = _sparse_ref(q, parts, 576 ** -0.5, attn_sink)
+    ref_out, ref_lse = _sparse_ref(q, parts, d ** -0.5, attn_sink)
+    return out, lse, ref_out, ref_lse
+
+
+@pytest.mark.parametrize("with_extra", [False, True])
+def test_sparse_decode_with_sink_topk_length_and_extra_cache(with_extra):
+    out, lse, ref_out, ref_lse = _sparse_decode_with_extras(_fp8_cache, 16, 576, (5, 32, 100), with_extra)
     _allclose(out, ref_out, OUT_ABS, OUT_REL)
     _allclose(lse, ref_lse, LSE_ABS, LSE_REL)
     assert not out[:, :, 3].any()                                          # +inf sink: that head's output is 0
@@ -317,25 +326,8 @@ def _model1_cache(num_blocks, block_size, nan_from):
 @pytest.mark.parametrize("with_extra", [False, True])
 def test_model1_sparse_decode_with_sink_topk_length_and_extra_cache(with_extra):
     b, s_q, h_q = 3, 2, 64
-    cache, flat = _model1_cache(6, 64, nan_from=300)
-    idx = _indices(b, s_q, 64, 300)
-    topk_length = torch.tensor([64, 10, 0], dtype=torch.int32)
-    attn_sink = torch.randn(h_q)
-    attn_sink[3] = float("inf")
-    extra, extra_flat, extra_idx, extra_len = None, None, None, None
-    if with_extra:
-        extra, extra_flat = _model1_cache(5, 2, nan_from=7)
-        extra_idx = _indices(b, s_q, 16, 7)
-        extra_len = torch.tensor([3, 16, 0], dtype=torch.int32)
-    q = torch.randn(b, s_q, h_q, 512).to(torch.bfloat16)
-    sched, _ = flash_mla.get_mla_metadata()
-    out, lse = flash_mla.flash_mla_with_kvcache(q, cache, None, None, 512, sched, None, is_fp8_kvcache=True,
-                                                indices=idx, attn_sink=attn_sink, extra_k_cache=extra,
-                                                extra_indices_in_kvcache=extra_idx, topk_length=topk_length,
-                                                extra_topk_length=extra_len)
+    out, lse, ref_out, ref_lse = _sparse_decode_with_extras(_model1_cache, h_q, 512, (5, 2, 7), with_extra)
     assert out.shape == (b, s_q, h_q, 512) and lse.shape == (b, h_q, s_q)
-    parts = [(flat, idx, topk_length)] + ([(extra_flat, extra_idx, extra_len)] if with_extra else [])
-    ref_out, ref_lse = _sparse_ref(q, parts, 512 ** -0.5, attn_sink)
     _allclose(out, ref_out, OUT_ABS, OUT_REL)
     _allclose(lse, ref_lse, LSE_ABS, LSE_REL)
     assert pk.calc_diff(out.double(), ref_out) < 5e-6
