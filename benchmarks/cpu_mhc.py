@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import torch
 
@@ -21,15 +20,7 @@ from portable_kernels.ops.mhc._common import MhcInputs
 from portable_kernels.ops.mhc.apply import (post_backward_reference, post_reference, pre_apply_mix_backward_reference,
                                             pre_apply_mix_reference)
 from portable_kernels.testing.generators import randn
-
-
-def _time(fn, rounds: int) -> list[float]:
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+from portable_kernels.tools.bench.timing import rotated_rounds
 
 
 def main() -> None:
@@ -55,11 +46,8 @@ def main() -> None:
     }
     print(f"tokens {n}, M {m}, H {h}, threads {torch.get_num_threads()}, load {os.getloadavg()}")
     for name, (native, ref, nbytes) in cases.items():
-        native(), ref()
-        t_nat, t_ref = [], []
-        for _ in range(args.rounds):  # alternate so both see the same load
-            t_nat += _time(native, 1)
-            t_ref += _time(ref, 1)
+        timed = rotated_rounds({"native": native, "reference": ref}, args.rounds)  # both see the same load
+        t_nat, t_ref = timed["native"], timed["reference"]
         mn, mr = statistics.median(t_nat), statistics.median(t_ref)
         print(f"{name:26s} native {mn * 1e3:8.2f} ms ({min(t_nat) * 1e3:.2f}..{max(t_nat) * 1e3:.2f}), "
               f"{nbytes / mn / 1e9:5.1f} GB/s | reference {mr * 1e3:8.2f} ms ({min(t_ref) * 1e3:.2f}.."

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 from portable_kernels.backends.cpu.providers import mla as native
 from portable_kernels.core.native.build import detected_isa, isa
+from portable_kernels.tools.bench.timing import rotated_rounds
 from portable_kernels.ops.attention.decode import HEAD_DIM_V, MlaDecodeInputs, flash_mla_with_kvcache_kernel
 from portable_kernels.testing.mla_cases import build_paged_cache, random_indices, random_kv
 from portable_kernels.testing.generators import randn
@@ -36,16 +36,7 @@ def measure(b: int, s_q: int, h_q: int, topk: int, rounds: int) -> dict[str, lis
     sides = {"native MODEL1": lambda: native.decode_native(model1),
              "native V3.2": lambda: native.decode_native(v32),
              "reference MODEL1": lambda: flash_mla_with_kvcache_kernel(model1)}
-    for fn in sides.values():  # build and warm
-        fn()
-    names = list(sides)
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t = time.perf_counter()
-            sides[name]()
-            seconds[name].append(time.perf_counter() - t)
-    return seconds
+    return rotated_rounds(sides, rounds)
 
 
 def main() -> None:

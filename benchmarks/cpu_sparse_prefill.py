@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 from portable_kernels.backends.cpu.providers import mla_prefill as native
 from portable_kernels.core.native.build import detected_isa, isa
+from portable_kernels.tools.bench.timing import rotated_rounds
 from portable_kernels.ops.attention.prefill import SparsePrefillInputs, sparse_prefill_kernel
 from portable_kernels.tools.bench.cases.mla import D_V, _build_prefill, _prefill_peer
 
@@ -34,16 +34,7 @@ def measure(s_q: int, h_q: int, s_kv: int, topk: int, rounds: int) -> dict[str, 
     sides = {"native": lambda: native.sparse_prefill_native(_call(i)),
              "reference": lambda: sparse_prefill_kernel(_call(i)),
              "gather + SDPA": lambda: _prefill_peer(i)}
-    for fn in sides.values():  # build and warm
-        fn()
-    names = list(sides)
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t = time.perf_counter()
-            sides[name]()
-            seconds[name].append(time.perf_counter() - t)
-    return seconds
+    return rotated_rounds(sides, rounds)
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from portable_kernels.tools.bench import (
     run_case,
     write_outputs,
 )
-from portable_kernels.tools.bench.timing import Spread, paired_rounds, synchronizer
+from portable_kernels.tools.bench.timing import Spread, paired_rounds, rotated_rounds, synchronizer
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"size": "tiny", "rounds": 2, "min_seconds": 0.001, "progress": "none"}
@@ -97,6 +97,19 @@ def test_paired_rounds_time_both_sides_every_round_and_sync_around_each_batch():
     assert calls["op"] == 2 + 3 * timed.op_calls and calls["peer"] == 2 + 3 * timed.peer_calls
     assert calls["sync"] == 2 * 2 + 2 * 2 * 3
     assert all(r > 0 for r in timed.ratio.samples)
+
+
+def test_rotated_rounds_warm_each_side_once_and_rotate_who_goes_first():
+    order = []
+    ticks = iter(range(1000))
+    sides = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    seconds = rotated_rounds(sides, rounds=3, clock=lambda: next(ticks))
+    assert order[:3] == list("abc")                                   # the warm-up calls
+    assert order[3:] == list("abc") + list("bca") + list("cab")       # the first side rotates
+    assert {k: len(v) for k, v in seconds.items()} == {"a": 3, "b": 3, "c": 3}
+    assert all(t == 1 for v in seconds.values() for t in v)          # one clock tick around each call
+    with pytest.raises(ValueError, match="rounds"):
+        rotated_rounds(sides, rounds=0)
 
 
 def test_cpu_needs_no_sync_and_an_unknown_device_type_is_refused():

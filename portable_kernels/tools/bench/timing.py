@@ -108,6 +108,25 @@ def paired_rounds(op: Fn, peer: Fn, sync: Fn, rounds: int, min_seconds: float) -
     return Paired(Spread.of(t_op), Spread.of(t_peer), Spread.of(ratios), n_op, n_peer)
 
 
+def rotated_rounds(sides: dict[str, Fn], rounds: int, clock: Callable[[], float] = time.perf_counter
+                   ) -> dict[str, list[float]]:
+    """Seconds of one call of each side per round, `rounds` rounds after one warm-up call each; the
+    side that goes first rotates each round, so every side sees the same load (for benchmarks of
+    calls long enough to time one at a time)."""
+    if rounds < 1:
+        raise ValueError(f"bench: rounds must be >= 1, got {rounds}")
+    for fn in sides.values():  # build and warm
+        fn()
+    names = list(sides)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t = clock()
+            sides[name]()
+            seconds[name].append(clock() - t)
+    return seconds
+
+
 def _proc_status_kib(field: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
