@@ -3,14 +3,28 @@ quick conformance reports computed once per session (several test modules inspec
 
 from __future__ import annotations
 
-import pytest
-from portable_kernels.layouts import ue8m0_exponents, ue8m0_to_fp32
+import os
 
-import portable_kernels as pk
-from portable_kernels.core.formats import Decoded, Encoded, Format
-from portable_kernels.ops.gemm.dense import gemm_reference
-from portable_kernels.core.oracle import register_reference
-from portable_kernels.ops.quant.fp8 import PER_BLOCK_CAST, PER_TOKEN_CAST, dequantized
+import pytest
+from portable_kernels.backends.nvidia.kernels import runtime as _triton_runtime
+
+# Triton in interpreter mode for the whole session, set here, before any test module is collected:
+# the nvidia kernels decide compiled-vs-interpreted when their module is imported, which a test
+# module that runs an op at collection would otherwise do first (tests/backends/nvidia/conftest.py)
+os.environ[_triton_runtime.INTERPRET_ENV] = "1"
+if _triton_runtime.triton_missing_reason() is None:  # imports triton if it is installed
+    import triton
+
+    triton.knobs.runtime.interpret = True  # held by the knob itself from now on, in this process only
+os.environ.pop(_triton_runtime.INTERPRET_ENV, None)  # subprocesses start without it
+
+from portable_kernels.layouts import ue8m0_exponents, ue8m0_to_fp32  # noqa: E402
+
+import portable_kernels as pk  # noqa: E402
+from portable_kernels.core.formats import Decoded, Encoded, Format  # noqa: E402
+from portable_kernels.ops.gemm.dense import gemm_reference  # noqa: E402
+from portable_kernels.core.oracle import register_reference  # noqa: E402
+from portable_kernels.ops.quant.fp8 import PER_BLOCK_CAST, PER_TOKEN_CAST, dequantized  # noqa: E402
 
 TEST_BACKEND = "testexp"
 
